@@ -1,0 +1,22 @@
+//! The Quiver domain model: the MCP server record (SPEC §1), its validation,
+//! its TOML/JSON forms, tool-name patterns, `${ENV:…}` references and the
+//! registry's revision and history types. Every other crate speaks these types.
+
+pub mod env_ref;
+mod error;
+mod mask;
+mod parse;
+pub mod pattern;
+mod record;
+mod stored;
+mod validate;
+
+pub use error::{FieldError, Format, ModelError};
+pub use mask::MASK;
+pub use parse::{ParsedRecord, Strictness, parse_document, parse_record, parse_record_value};
+pub use record::{
+    ApprovalMode, ApprovalPolicy, Budgets, HttpConfig, Isolation, McpServerSpec, PrefixOp,
+    PrefixReplace, StdioConfig, TransformStep, Transport,
+};
+pub use stored::{Change, ChangeKind, HistoryEntry, Source, StoredServer, UnknownSource};
+pub use validate::{is_valid_server_id, validate};

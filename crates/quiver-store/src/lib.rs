@@ -1,0 +1,174 @@
+//! The registry's durable, revisioned store of MCP server records (SPEC §2).
+//!
+//! One [`Store`] trait, two backends: PostgreSQL (production, several registry
+//! replicas may share one database) and SQLite (embedded, zero setup). Both
+//! run the same revision algorithm ([`SqlStore`]) with their own SQL dialect,
+//! migrations, connection setup and change notification; writing the
+//! algorithm twice would let the backends drift apart.
+//!
+//! Invariants every implementation keeps (R-STORE-2…6):
+//! - every change commits its record, a new global revision, a change-log row
+//!   and a history row in one transaction;
+//! - revisions are consecutive integers, committed in revision order;
+//! - an upsert of identical content is a no-op;
+//! - `expected_revision` mismatches change nothing;
+//! - the change log may be compacted below a floor; history is never compacted.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use quiver_model::{Change, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer};
+use tokio::sync::watch;
+
+mod postgres;
+mod sql;
+mod sqlite;
+
+pub use postgres::CHANGE_CHANNEL;
+pub use sql::SqlStore;
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No record with this id.
+    #[error("mcp server {0:?} not found")]
+    NotFound(String),
+    /// `expected_revision` did not match; nothing was changed.
+    #[error(
+        "revision conflict on {server_id:?}: expected revision {expected}, current revision {current}"
+    )]
+    Conflict {
+        /// The record.
+        server_id: String,
+        /// The revision the caller expected (0: must not exist).
+        expected: u64,
+        /// The record's current revision (0: does not exist).
+        current: u64,
+    },
+    /// The record failed validation.
+    #[error(transparent)]
+    Invalid(#[from] ModelError),
+    /// A stored row could not be read back (a bug or manual tampering).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    /// The database URL names no supported backend.
+    #[error("unsupported database url {0:?}: expected sqlite://… or postgres://…")]
+    UnsupportedUrl(String),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// A consistent view: the records exactly as of `revision`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Revision the snapshot was taken at.
+    pub revision: u64,
+    /// Every stored record, ordered by `server_id`.
+    pub servers: Vec<StoredServer>,
+}
+
+/// The global revision and the change-log compaction floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Head {
+    /// Last committed revision (0 for an empty store).
+    pub revision: u64,
+    /// Change-log rows at or below this revision are gone; watching from an
+    /// older revision is impossible.
+    pub compaction_floor: u64,
+}
+
+/// A create-or-replace.
+#[derive(Debug, Clone)]
+pub struct UpsertRequest {
+    /// The new content.
+    pub spec: McpServerSpec,
+    /// `Some(0)`: must not exist; `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who writes (audit).
+    pub actor: String,
+    /// Where the content comes from.
+    pub source: Source,
+}
+
+/// A delete.
+#[derive(Debug, Clone)]
+pub struct DeleteRequest {
+    /// The record to delete.
+    pub server_id: String,
+    /// `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who deletes (audit).
+    pub actor: String,
+    /// Where the delete comes from.
+    pub source: Source,
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpsertOutcome {
+    /// The record did not exist.
+    Created(StoredServer),
+    /// The record changed (new revision).
+    Updated(StoredServer),
+    /// Identical content: nothing written, the stored record is returned.
+    Unchanged(StoredServer),
+}
+
+impl UpsertOutcome {
+    /// The record as stored after the upsert.
+    pub fn server(&self) -> &StoredServer {
+        match self {
+            UpsertOutcome::Created(s) | UpsertOutcome::Updated(s) | UpsertOutcome::Unchanged(s) => {
+                s
+            }
+        }
+    }
+
+    /// Consumes the outcome into the stored record.
+    pub fn into_server(self) -> StoredServer {
+        match self {
+            UpsertOutcome::Created(s) | UpsertOutcome::Updated(s) | UpsertOutcome::Unchanged(s) => {
+                s
+            }
+        }
+    }
+}
+
+/// The revisioned record store.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A consistent snapshot of every record.
+    async fn list(&self) -> Result<Snapshot, StoreError>;
+    /// One record.
+    async fn get(&self, server_id: &str) -> Result<Option<StoredServer>, StoreError>;
+    /// Creates or replaces a record (validated first).
+    async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, StoreError>;
+    /// Deletes a record; returns the new revision.
+    async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError>;
+    /// Every revision of one record, newest first (deleted records included).
+    async fn history(&self, server_id: &str) -> Result<Vec<HistoryEntry>, StoreError>;
+    /// Change-log rows with revision > `after`, in order, at most `limit`.
+    async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError>;
+    /// Current head and compaction floor.
+    async fn head(&self) -> Result<Head, StoreError>;
+    /// Drops change-log rows at or below `floor` (clamped to head); returns the new head.
+    async fn compact(&self, floor: u64) -> Result<Head, StoreError>;
+    /// The latest committed revision known to this process, updated as soon as
+    /// a change commits here or, for shared databases, in another process.
+    fn subscribe(&self) -> watch::Receiver<u64>;
+}
+
+/// Opens the store a URL names (`sqlite://…` or `postgres://…`), applying migrations.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqlStore::open_sqlite(url).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(SqlStore::open_postgres(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}

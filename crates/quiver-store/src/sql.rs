@@ -1,0 +1,452 @@
+//! The revision algorithm, written once over `sqlx::AnyPool` and run on both
+//! backends with their own SQL dialect ([`Dialect`]).
+//!
+//! Writers serialise on the single `registry_head` row (PostgreSQL: `FOR
+//! UPDATE`; SQLite: `BEGIN IMMEDIATE`), so the revision they take is exactly
+//! head + 1 and commits happen in revision order: a reader that sees revision
+//! N committed also sees every revision below N.
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use quiver_model::{
+    Change, ChangeKind, HistoryEntry, McpServerSpec, Source, StoredServer, validate,
+};
+use sqlx::any::AnyRow;
+use sqlx::{AnyPool, Row};
+use tokio::sync::watch;
+use tokio_util::sync::DropGuard;
+
+use crate::{DeleteRequest, Head, Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest};
+
+/// The statements that differ between PostgreSQL and SQLite.
+pub(crate) struct Dialect {
+    /// Opens a write transaction.
+    pub begin_write: &'static str,
+    /// Opens a read-only transaction that sees one consistent snapshot.
+    pub begin_snapshot: &'static str,
+    /// Reads the head row, taking the writer lock where the engine needs it.
+    pub lock_head: &'static str,
+    /// Inserts or replaces a record: ($1 id, $2 spec json, $3 revision, $4 created, $5 updated, $6 by, $7 source).
+    pub put_server: &'static str,
+    /// Appends a history row: ($1 id, $2 revision, $3 kind, $4 spec json or NULL, $5 at, $6 actor, $7 source).
+    pub insert_history: &'static str,
+    /// Selects one record by id ($1), same columns as `select_servers`.
+    pub select_server: &'static str,
+    /// Selects every record ordered by id.
+    pub select_servers: &'static str,
+    /// Selects the history of one record ($1), newest first.
+    pub select_history: &'static str,
+}
+
+const SELECT_HEAD: &str = "SELECT revision, compaction_floor FROM registry_head WHERE id = 1";
+const SET_HEAD_REVISION: &str = "UPDATE registry_head SET revision = $1 WHERE id = 1";
+const SET_COMPACTION_FLOOR: &str = "UPDATE registry_head SET compaction_floor = $1 WHERE id = 1";
+const INSERT_CHANGE: &str = "INSERT INTO mcp_server_changes (revision, server_id, kind, at_ms, actor) VALUES ($1, $2, $3, $4, $5)";
+const DELETE_SERVER: &str = "DELETE FROM mcp_servers WHERE server_id = $1";
+const SELECT_CHANGES: &str = "SELECT revision, server_id, kind, at_ms, actor FROM mcp_server_changes \
+     WHERE revision > $1 ORDER BY revision LIMIT $2";
+const COMPACT_CHANGES: &str = "DELETE FROM mcp_server_changes WHERE revision <= $1";
+
+/// A store over one SQL database. Implements [`Store`] for both backends.
+pub struct SqlStore {
+    pool: AnyPool,
+    dialect: &'static Dialect,
+    head_tx: watch::Sender<u64>,
+    /// Stops backend tasks (the PostgreSQL listener) when the store is dropped.
+    _tasks: Option<DropGuard>,
+}
+
+impl SqlStore {
+    pub(crate) async fn new(
+        pool: AnyPool,
+        dialect: &'static Dialect,
+        migrator: &sqlx::migrate::Migrator,
+    ) -> Result<Self, StoreError> {
+        migrator.run(&pool).await?;
+        let (revision, _) = read_head(&pool).await?;
+        let (head_tx, _) = watch::channel(revision);
+        Ok(SqlStore {
+            pool,
+            dialect,
+            head_tx,
+            _tasks: None,
+        })
+    }
+
+    pub(crate) fn with_tasks(mut self, guard: DropGuard) -> Self {
+        self._tasks = Some(guard);
+        self
+    }
+
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Publishes a revision known to be committed (never moves backwards).
+    pub(crate) fn head_sender(&self) -> watch::Sender<u64> {
+        self.head_tx.clone()
+    }
+}
+
+pub(crate) fn publish_head(head_tx: &watch::Sender<u64>, revision: u64) {
+    head_tx.send_if_modified(|current| {
+        let newer = revision > *current;
+        if newer {
+            *current = revision;
+        }
+        newer
+    });
+}
+
+pub(crate) async fn read_head<'e, E>(executor: E) -> Result<(u64, u64), StoreError>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let row = sqlx::query(SELECT_HEAD).fetch_one(executor).await?;
+    Ok((
+        to_u64(row.try_get::<i64, _>(0)?)?,
+        to_u64(row.try_get::<i64, _>(1)?)?,
+    ))
+}
+
+fn to_u64(value: i64) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative revision {value}")))
+}
+
+fn to_i64(value: u64) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError::Corrupt(format!("revision {value} out of range")))
+}
+
+fn millis(at: DateTime<Utc>) -> i64 {
+    at.timestamp_millis()
+}
+
+fn from_millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+    Utc.timestamp_millis_opt(ms)
+        .single()
+        .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} out of range")))
+}
+
+fn spec_from_json(text: &str) -> Result<McpServerSpec, StoreError> {
+    serde_json::from_str(text).map_err(|err| StoreError::Corrupt(format!("stored record: {err}")))
+}
+
+fn spec_to_json(spec: &McpServerSpec) -> Result<String, StoreError> {
+    serde_json::to_string(spec).map_err(|err| StoreError::Corrupt(format!("record to json: {err}")))
+}
+
+fn source_from(text: &str) -> Result<Source, StoreError> {
+    text.parse()
+        .map_err(|err: quiver_model::UnknownSource| StoreError::Corrupt(err.to_string()))
+}
+
+fn kind_from(text: &str) -> Result<ChangeKind, StoreError> {
+    text.parse().map_err(StoreError::Corrupt)
+}
+
+/// Columns: server_id, spec, revision, created_at_ms, updated_at_ms, updated_by, source.
+fn server_from_row(row: &AnyRow) -> Result<StoredServer, StoreError> {
+    let spec = spec_from_json(&row.try_get::<String, _>(1)?)?;
+    let server_id: String = row.try_get(0)?;
+    if spec.server_id != server_id {
+        return Err(StoreError::Corrupt(format!(
+            "row {server_id:?} holds record {:?}",
+            spec.server_id
+        )));
+    }
+    Ok(StoredServer {
+        spec,
+        revision: to_u64(row.try_get(2)?)?,
+        created_at: from_millis(row.try_get(3)?)?,
+        updated_at: from_millis(row.try_get(4)?)?,
+        updated_by: row.try_get(5)?,
+        source: source_from(&row.try_get::<String, _>(6)?)?,
+    })
+}
+
+fn change_from_row(row: &AnyRow) -> Result<Change, StoreError> {
+    Ok(Change {
+        revision: to_u64(row.try_get(0)?)?,
+        server_id: row.try_get(1)?,
+        kind: kind_from(&row.try_get::<String, _>(2)?)?,
+        at: from_millis(row.try_get(3)?)?,
+        actor: row.try_get(4)?,
+    })
+}
+
+/// Columns: revision, kind, spec (nullable), at_ms, actor, source.
+fn history_from_row(row: &AnyRow) -> Result<HistoryEntry, StoreError> {
+    let spec: Option<String> = row.try_get(2)?;
+    Ok(HistoryEntry {
+        revision: to_u64(row.try_get(0)?)?,
+        kind: kind_from(&row.try_get::<String, _>(1)?)?,
+        spec: spec.as_deref().map(spec_from_json).transpose()?,
+        at: from_millis(row.try_get(3)?)?,
+        actor: row.try_get(4)?,
+        source: source_from(&row.try_get::<String, _>(5)?)?,
+    })
+}
+
+fn check_expected(
+    server_id: &str,
+    expected: Option<u64>,
+    current: Option<&StoredServer>,
+) -> Result<(), StoreError> {
+    let current_revision = current.map_or(0, |s| s.revision);
+    match expected {
+        Some(expected) if expected != current_revision => Err(StoreError::Conflict {
+            server_id: server_id.to_owned(),
+            expected,
+            current: current_revision,
+        }),
+        _ => Ok(()),
+    }
+}
+
+type WriteTx = sqlx::Transaction<'static, sqlx::Any>;
+
+/// The change-log and history rows of one revision.
+struct ChangeRow<'a> {
+    revision: u64,
+    server_id: &'a str,
+    kind: ChangeKind,
+    /// The record as of this revision; `None` for deletes.
+    spec_json: Option<String>,
+    at: DateTime<Utc>,
+    actor: &'a str,
+    source: &'a Source,
+}
+
+impl SqlStore {
+    async fn begin_write(&self) -> Result<(WriteTx, u64), StoreError> {
+        let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
+        let (revision, _) = read_head_with(&mut tx, self.dialect.lock_head).await?;
+        Ok((tx, revision))
+    }
+
+    async fn current(
+        &self,
+        tx: &mut WriteTx,
+        server_id: &str,
+    ) -> Result<Option<StoredServer>, StoreError> {
+        sqlx::query(self.dialect.select_server)
+            .bind(server_id.to_owned())
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|row| server_from_row(&row))
+            .transpose()
+    }
+
+    /// Appends the change-log and history rows of a change and moves head.
+    async fn record_change(
+        &self,
+        tx: &mut WriteTx,
+        change: ChangeRow<'_>,
+    ) -> Result<(), StoreError> {
+        let ChangeRow {
+            revision,
+            server_id,
+            kind,
+            spec_json,
+            at,
+            actor,
+            source,
+        } = change;
+        let rev = to_i64(revision)?;
+        sqlx::query(SET_HEAD_REVISION)
+            .bind(rev)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(INSERT_CHANGE)
+            .bind(rev)
+            .bind(server_id.to_owned())
+            .bind(kind.as_str())
+            .bind(millis(at))
+            .bind(actor.to_owned())
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query(self.dialect.insert_history)
+            .bind(server_id.to_owned())
+            .bind(rev)
+            .bind(kind.as_str())
+            .bind(spec_json)
+            .bind(millis(at))
+            .bind(actor.to_owned())
+            .bind(source.to_string())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn commit(&self, tx: WriteTx, revision: u64) -> Result<(), StoreError> {
+        tx.commit().await?;
+        publish_head(&self.head_tx, revision);
+        Ok(())
+    }
+}
+
+async fn read_head_with(
+    tx: &mut WriteTx,
+    statement: &'static str,
+) -> Result<(u64, u64), StoreError> {
+    let row = sqlx::query(statement).fetch_one(&mut **tx).await?;
+    Ok((to_u64(row.try_get(0)?)?, to_u64(row.try_get(1)?)?))
+}
+
+#[async_trait]
+impl Store for SqlStore {
+    async fn list(&self) -> Result<Snapshot, StoreError> {
+        let mut tx = self.pool.begin_with(self.dialect.begin_snapshot).await?;
+        let (revision, _) = read_head(&mut *tx).await?;
+        let rows = sqlx::query(self.dialect.select_servers)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let servers = rows.iter().map(server_from_row).collect::<Result<_, _>>()?;
+        Ok(Snapshot { revision, servers })
+    }
+
+    async fn get(&self, server_id: &str) -> Result<Option<StoredServer>, StoreError> {
+        sqlx::query(self.dialect.select_server)
+            .bind(server_id.to_owned())
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|row| server_from_row(&row))
+            .transpose()
+    }
+
+    async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, StoreError> {
+        validate(&request.spec)?;
+        let server_id = request.spec.server_id.clone();
+        let spec_json = spec_to_json(&request.spec)?;
+        let (mut tx, head) = self.begin_write().await?;
+        let current = self.current(&mut tx, &server_id).await?;
+        check_expected(&server_id, request.expected_revision, current.as_ref())?;
+        if let Some(current) = &current {
+            let same_owner =
+                current.source == request.source || !request.source.adopts_identical_record();
+            if current.spec == request.spec && same_owner {
+                // Rolling back releases the writer lock; nothing was written.
+                tx.rollback().await?;
+                return Ok(UpsertOutcome::Unchanged(current.clone()));
+            }
+        }
+        let revision = head + 1;
+        let now = Utc::now();
+        let created_at = current.as_ref().map_or(now, |c| c.created_at);
+        sqlx::query(self.dialect.put_server)
+            .bind(server_id.clone())
+            .bind(spec_json.clone())
+            .bind(to_i64(revision)?)
+            .bind(millis(created_at))
+            .bind(millis(now))
+            .bind(request.actor.clone())
+            .bind(request.source.to_string())
+            .execute(&mut *tx)
+            .await?;
+        let change = ChangeRow {
+            revision,
+            server_id: &server_id,
+            kind: ChangeKind::Upsert,
+            spec_json: Some(spec_json),
+            at: now,
+            actor: &request.actor,
+            source: &request.source,
+        };
+        self.record_change(&mut tx, change).await?;
+        self.commit(tx, revision).await?;
+        let stored = StoredServer {
+            spec: request.spec,
+            revision,
+            // Stored with millisecond precision; report what a read returns.
+            created_at: from_millis(millis(created_at))?,
+            updated_at: from_millis(millis(now))?,
+            updated_by: request.actor,
+            source: request.source,
+        };
+        Ok(match current {
+            None => UpsertOutcome::Created(stored),
+            Some(_) => UpsertOutcome::Updated(stored),
+        })
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError> {
+        let (mut tx, head) = self.begin_write().await?;
+        let current = self.current(&mut tx, &request.server_id).await?;
+        check_expected(
+            &request.server_id,
+            request.expected_revision,
+            current.as_ref(),
+        )?;
+        if current.is_none() {
+            return Err(StoreError::NotFound(request.server_id));
+        }
+        let revision = head + 1;
+        sqlx::query(DELETE_SERVER)
+            .bind(request.server_id.clone())
+            .execute(&mut *tx)
+            .await?;
+        let change = ChangeRow {
+            revision,
+            server_id: &request.server_id,
+            kind: ChangeKind::Delete,
+            spec_json: None,
+            at: Utc::now(),
+            actor: &request.actor,
+            source: &request.source,
+        };
+        self.record_change(&mut tx, change).await?;
+        self.commit(tx, revision).await?;
+        Ok(revision)
+    }
+
+    async fn history(&self, server_id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        let rows = sqlx::query(self.dialect.select_history)
+            .bind(server_id.to_owned())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(history_from_row).collect()
+    }
+
+    async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError> {
+        let rows = sqlx::query(SELECT_CHANGES)
+            .bind(to_i64(after)?)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(change_from_row).collect()
+    }
+
+    async fn head(&self) -> Result<Head, StoreError> {
+        let (revision, compaction_floor) = read_head(&self.pool).await?;
+        Ok(Head {
+            revision,
+            compaction_floor,
+        })
+    }
+
+    async fn compact(&self, floor: u64) -> Result<Head, StoreError> {
+        let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
+        let (revision, current_floor) = read_head_with(&mut tx, self.dialect.lock_head).await?;
+        let new_floor = floor.min(revision).max(current_floor);
+        if new_floor > current_floor {
+            sqlx::query(COMPACT_CHANGES)
+                .bind(to_i64(new_floor)?)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(SET_COMPACTION_FLOOR)
+                .bind(to_i64(new_floor)?)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(Head {
+            revision,
+            compaction_floor: new_floor,
+        })
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.head_tx.subscribe()
+    }
+}

@@ -1,0 +1,4 @@
+//! Test support shared by Quiver's crates and end-to-end tests. Everything
+//! here talks to real components: a real PostgreSQL server, real processes.
+
+pub mod postgres;
