@@ -1,1 +1,1 @@
-
+//! End-to-end tests: real `quiver` processes, real PostgreSQL.

@@ -1,1 +1,14 @@
-//! placeholder
+//! The Quiver control plane: the gRPC `McpRegistryService`, the change feed
+//! that fans revisions out to watchers, the REST admin API, worker status
+//! reports and `mcp.d` reconciliation, over a [`quiver_store::Store`].
+
+pub mod auth;
+pub mod error;
+pub mod feed;
+pub mod grpc;
+pub mod rest;
+mod server;
+pub mod state;
+pub mod workers;
+
+pub use server::{Registry, RegistryOptions, ServeError, http_router};

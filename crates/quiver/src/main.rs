@@ -1,1 +1,47 @@
-fn main() {}
+//! `quiver`: one binary for the registry (control plane), dev mode and the
+//! admin CLI. Flags can also be set with `QUIVER_<FLAG>` environment variables
+//! and in a TOML config file (`--config`); flags win over env over file.
+
+mod cmd;
+mod config;
+mod telemetry;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "quiver",
+    version,
+    about = "MCP tools for fleets of LLM workers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the registry (control plane): gRPC, REST admin API, mcp.d bootstrap.
+    Registry(cmd::registry::RegistryArgs),
+    /// Run everything locally on the embedded SQLite store, without credentials.
+    Dev(cmd::dev::DevArgs),
+    /// Manage MCP server records over gRPC.
+    Servers(cmd::servers::ServersArgs),
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Registry(args) => cmd::registry::run(args).await,
+        Command::Dev(args) => cmd::dev::run(args).await,
+        Command::Servers(args) => cmd::servers::run(args).await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Bootstrap of MCP server records from an `mcp.d` directory (SPEC §4).
+//!
+//! Three steps, usable apart so `--dry-run` can stop after the second:
+//! [`scan`] reads and validates the directory, [`plan`] compares what the files
+//! declare with the store, [`apply`] writes the plan. [`reconcile`] runs all
+//! three (start-up, SIGHUP, periodic and admin rescans).
+//!
+//! # Which files are read
+//!
+//! Direct children of the directory named `*.toml` or `*.json`, in byte order
+//! of their names. Hidden files, `*~`, `*.swp` and `*.tmp` are editor or
+//! deployment leftovers and are ignored; directories are not descended into;
+//! symlinks are never followed (skipped with a warning). A file holds one
+//! record or a `[[servers]]` list. When several files declare one `server_id`,
+//! the last by file name wins, with a warning naming both files.
+//!
+//! In lenient mode an invalid file is reported (file and fields) and the other
+//! files still load. In strict mode any invalid file, unknown fields included,
+//! fails the whole scan, so nothing is written.
+//!
+//! # Ownership rules
+//!
+//! A record written from a file gets the source `file:<file name>`; the store
+//! keeps the source of the last write, so admin edits take a record over.
+//! A rescan, per `server_id`:
+//!
+//! - **creates** a record a valid file declares and the store lacks;
+//! - **updates** a record whose stored source is a file (any file) when the
+//!   declared content differs, or when another file now declares it (its
+//!   source then moves to that file);
+//! - **never touches** a record whose stored source is `admin` or `api`: the
+//!   file's declaration is skipped with the warning
+//!   `server_id X is managed by admin; <file> ignored`, and the record is
+//!   never deleted by a rescan either;
+//! - **deletes** a record whose source is `file:<name>` when no valid file
+//!   declares its `server_id` any more and `<name>` is either gone or valid
+//!   (a valid file that stopped declaring a record has dropped it);
+//! - **keeps** a record whose source is `file:<name>` while `<name>` is
+//!   present but invalid (lenient mode): a typo must neither delete servers nor
+//!   hand them to another file. So when `<name>` sorts after the valid file now
+//!   declaring the same `server_id` (and so would have won), that declaration
+//!   is skipped too; when `<name>` sorts before it, the later file wins as it
+//!   would anyway.
+//!
+//! Writes carry the revision the plan saw (`expected_revision`), so a record
+//! edited by an admin between [`plan`] and [`apply`] fails with a conflict for
+//! that record alone instead of being overwritten.
+
+mod plan;
+mod scan;
+
+use std::path::{Path, PathBuf};
+
+use quiver_model::Strictness;
+use quiver_store::{Store, StoreError};
+
+pub use plan::{Action, ApplyReport, Plan, apply, plan};
+pub use scan::{FileError, FileRecord, Scan, scan};
+
+/// Why a bootstrap step failed as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// The directory itself could not be read.
+    #[error("cannot read mcp.d directory {}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Strict mode: at least one file is invalid, so nothing was loaded.
+    #[error("{}", display_invalid(errors))]
+    Invalid {
+        /// Every invalid file, in file-name order.
+        errors: Vec<FileError>,
+    },
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn display_invalid(errors: &[FileError]) -> String {
+    let mut text = format!("{} invalid file(s) in mcp.d", errors.len());
+    for (i, error) in errors.iter().enumerate() {
+        text.push_str(if i == 0 { ": " } else { "; " });
+        text.push_str(&error.to_string());
+    }
+    text
+}
+
+/// Scans `dir`, plans against `store` and applies the plan as `actor`.
+///
+/// Scan warnings and per-file errors are logged here; they are also returned
+/// in the [`Scan`] for callers that show them (admin rescan).
+pub async fn reconcile(
+    store: &dyn Store,
+    dir: &Path,
+    strictness: Strictness,
+    actor: &str,
+) -> Result<(Scan, ApplyReport), BootstrapError> {
+    let scanned = match scan(dir, strictness) {
+        Ok(scanned) => scanned,
+        Err(err) => {
+            if let BootstrapError::Invalid { errors } = &err {
+                log_file_errors(dir, errors);
+            }
+            return Err(err);
+        }
+    };
+    for warning in &scanned.warnings {
+        tracing::warn!(dir = %dir.display(), warning = %warning, "mcp.d scan warning");
+    }
+    log_file_errors(dir, &scanned.errors);
+    let planned = plan(store, &scanned).await?;
+    let report = apply(store, &planned, actor).await?;
+    tracing::info!(
+        dir = %dir.display(),
+        files = scanned.files.len(),
+        records = scanned.records.len(),
+        invalid_files = scanned.errors.len(),
+        planned_at_revision = planned.revision,
+        report = %report,
+        "mcp.d reconciled"
+    );
+    Ok((scanned, report))
+}
+
+fn log_file_errors(dir: &Path, errors: &[FileError]) {
+    for error in errors {
+        tracing::warn!(
+            dir = %dir.display(),
+            file = %error.file,
+            fields = ?error.fields,
+            error = %error.message,
+            "invalid mcp.d file skipped"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! Reading and validating the files of an `mcp.d` directory (R-BOOT-2…4).
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::fmt;
+use std::fs::{self, File, Metadata};
+use std::io::{self, Read};
+use std::path::Path;
+
+use quiver_model::{Format, McpServerSpec, ModelError, Strictness, parse_document};
+
+use crate::BootstrapError;
+
+/// A record declared by a file and chosen for its `server_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    /// The declaring file's name (not its path): the record's `file:<name>` source.
+    pub file: String,
+    /// The declared record.
+    pub spec: McpServerSpec,
+}
+
+/// A file that could not be loaded, with the fields at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileError {
+    /// The file's name.
+    pub file: String,
+    /// What is wrong; names the fields when the content is at fault.
+    pub message: String,
+    /// Dotted paths of the fields at fault (empty for syntax and read errors).
+    pub fields: Vec<String>,
+}
+
+impl FileError {
+    fn new(file: &str, message: impl Into<String>) -> Self {
+        FileError {
+            file: file.to_owned(),
+            message: message.into(),
+            fields: Vec::new(),
+        }
+    }
+
+    fn from_model(file: &str, err: &ModelError) -> Self {
+        let field_errors = err.field_errors();
+        if field_errors.is_empty() {
+            return FileError::new(file, err.to_string());
+        }
+        let message = field_errors
+            .iter()
+            .map(|e| {
+                if e.field.is_empty() {
+                    e.message.clone()
+                } else {
+                    format!("{}: {}", e.field, e.message)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        FileError {
+            file: file.to_owned(),
+            message,
+            fields: field_errors
+                .iter()
+                .filter(|e| !e.field.is_empty())
+                .map(|e| e.field.clone())
+                .collect(),
+        }
+    }
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file, self.message)
+    }
+}
+
+/// What a directory declares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// The winning record of every declared `server_id`, ordered by `server_id`.
+    pub records: Vec<FileRecord>,
+    /// Names of the valid files read, in file-name order (including files
+    /// whose records were all overridden by later files).
+    pub files: Vec<String>,
+    /// Files present but invalid (lenient mode only; strict mode fails instead).
+    pub errors: Vec<FileError>,
+    /// Things an operator should know about: overrides, ignored unknown
+    /// fields, symlinks skipped. Each names its file.
+    pub warnings: Vec<String>,
+}
+
+impl Scan {
+    /// Whether `file` was read and is valid.
+    pub fn is_valid_file(&self, file: &str) -> bool {
+        self.files.iter().any(|f| f == file)
+    }
+
+    /// Whether `file` is present but invalid.
+    pub fn is_invalid_file(&self, file: &str) -> bool {
+        self.errors.iter().any(|e| e.file == file)
+    }
+
+    /// The record declared for `server_id`, if any.
+    pub fn record(&self, server_id: &str) -> Option<&FileRecord> {
+        self.records.iter().find(|r| r.spec.server_id == server_id)
+    }
+}
+
+/// Reads every record file directly inside `dir` (see the crate docs for
+/// which files count).
+///
+/// Lenient mode reports invalid files in [`Scan::errors`]; strict mode
+/// returns [`BootstrapError::Invalid`] naming every invalid file.
+pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> {
+    let io_error = |source| BootstrapError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut warnings = Vec::new();
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_error)? {
+        let entry = entry.map_err(io_error)?;
+        match entry.file_name().into_string() {
+            Ok(name) => names.push(name),
+            Err(raw) => {
+                // The name could not be recorded as a `file:<name>` source faithfully.
+                let lossy = raw.to_string_lossy().into_owned();
+                if candidate_format(&lossy).is_some() {
+                    warnings.push(format!(
+                        "{lossy}: file name is not valid utf-8; file skipped"
+                    ));
+                }
+            }
+        }
+    }
+    // `String` orders by bytes, which is the documented precedence order.
+    names.sort();
+
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    let mut declared: BTreeMap<String, FileRecord> = BTreeMap::new();
+    for name in names {
+        let Some(format) = candidate_format(&name) else {
+            continue;
+        };
+        let text = match read_candidate(&dir.join(&name)) {
+            Candidate::Text(text) => text,
+            Candidate::Skipped(reason) => {
+                warnings.push(format!("{name}: {reason}; file skipped"));
+                continue;
+            }
+            Candidate::Ignored(reason) => {
+                tracing::debug!(file = %name, reason, "mcp.d entry ignored");
+                continue;
+            }
+            Candidate::Unreadable(message) => {
+                errors.push(FileError::new(&name, message));
+                continue;
+            }
+        };
+        let parsed = match parse_document(&text, format, strictness) {
+            Ok(parsed) => parsed,
+            Err(err) => {
+                errors.push(FileError::from_model(&name, &err));
+                continue;
+            }
+        };
+        if let Some(error) = duplicate_ids(&name, parsed.iter().map(|p| &p.spec)) {
+            errors.push(error);
+            continue;
+        }
+        files.push(name.clone());
+        for record in parsed {
+            let server_id = record.spec.server_id.clone();
+            for field in &record.ignored_fields {
+                warnings.push(format!(
+                    "{name}: unknown field \"{field}\" ignored (server_id \"{server_id}\")"
+                ));
+            }
+            let file_record = FileRecord {
+                file: name.clone(),
+                spec: record.spec,
+            };
+            match declared.entry(server_id) {
+                Entry::Vacant(slot) => {
+                    slot.insert(file_record);
+                }
+                Entry::Occupied(mut slot) => {
+                    warnings.push(format!(
+                        "server_id \"{}\" in {name} overrides {}",
+                        slot.key(),
+                        slot.get().file
+                    ));
+                    slot.insert(file_record);
+                }
+            }
+        }
+    }
+
+    if strictness == Strictness::Strict && !errors.is_empty() {
+        return Err(BootstrapError::Invalid { errors });
+    }
+    Ok(Scan {
+        records: declared.into_values().collect(),
+        files,
+        errors,
+        warnings,
+    })
+}
+
+/// The format of a file worth reading, or `None` for everything else.
+fn candidate_format(name: &str) -> Option<Format> {
+    // Editor swap/backup files and half-written deployments must never load,
+    // even when their name happens to end in a record extension.
+    let leftover = name.starts_with('.')
+        || name.ends_with('~')
+        || name.ends_with(".swp")
+        || name.ends_with(".tmp");
+    if leftover {
+        tracing::debug!(file = %name, "mcp.d entry ignored: hidden or temporary file");
+        return None;
+    }
+    let format = Format::from_file_name(name);
+    if format.is_none() {
+        tracing::debug!(file = %name, "mcp.d entry ignored: not a .toml or .json file");
+    }
+    format
+}
+
+enum Candidate {
+    Text(String),
+    /// Not read, and the operator should hear about it.
+    Skipped(&'static str),
+    /// Not read, and that is expected (directories, files gone meanwhile).
+    Ignored(&'static str),
+    /// Present but unreadable: an invalid file.
+    Unreadable(String),
+}
+
+fn read_candidate(path: &Path) -> Candidate {
+    let unreadable = |err: io::Error| Candidate::Unreadable(format!("cannot read file: {err}"));
+    let linked = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            return Candidate::Ignored("removed while scanning");
+        }
+        Err(err) => return unreadable(err),
+    };
+    let file_type = linked.file_type();
+    if file_type.is_symlink() {
+        return Candidate::Skipped("is a symlink and symlinks are never followed");
+    }
+    if file_type.is_dir() {
+        return Candidate::Ignored("directory, scan is not recursive");
+    }
+    if !file_type.is_file() {
+        // Opening a fifo or device could block the scan or read without end.
+        return Candidate::Skipped("is not a regular file");
+    }
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            return Candidate::Ignored("removed while scanning");
+        }
+        Err(err) => return unreadable(err),
+    };
+    match file.metadata() {
+        Ok(opened) if same_file(&linked, &opened) => {}
+        Ok(_) => {
+            // Swapped for something else (maybe a symlink) after the check above.
+            return Candidate::Skipped("was replaced while being read");
+        }
+        Err(err) => return unreadable(err),
+    }
+    let mut bytes = Vec::new();
+    if let Err(err) = file.read_to_end(&mut bytes) {
+        return unreadable(err);
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Candidate::Text(text),
+        Err(_) => Candidate::Unreadable("file is not valid utf-8 text".to_owned()),
+    }
+}
+
+#[cfg(unix)]
+fn same_file(linked: &Metadata, opened: &Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    linked.dev() == opened.dev() && linked.ino() == opened.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(_linked: &Metadata, opened: &Metadata) -> bool {
+    opened.is_file()
+}
+
+/// One file declaring a `server_id` twice is ambiguous: reject the file.
+fn duplicate_ids<'a>(
+    file: &str,
+    specs: impl Iterator<Item = &'a McpServerSpec>,
+) -> Option<FileError> {
+    let mut first_index: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut messages = Vec::new();
+    let mut fields = Vec::new();
+    for (i, spec) in specs.enumerate() {
+        match first_index.entry(&spec.server_id) {
+            Entry::Vacant(slot) => {
+                slot.insert(i);
+            }
+            Entry::Occupied(slot) => {
+                let field = format!("servers[{i}].server_id");
+                messages.push(format!(
+                    "{field}: server_id \"{}\" is already declared by servers[{}] in this file",
+                    spec.server_id,
+                    slot.get()
+                ));
+                fields.push(field);
+            }
+        }
+    }
+    if fields.is_empty() {
+        None
+    } else {
+        Some(FileError {
+            file: file.to_owned(),
+            message: messages.join("; "),
+            fields,
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! Registry errors and the one table mapping them to gRPC codes and HTTP
+//! statuses, so the two APIs never disagree about the same failure.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use quiver_model::ModelError;
+use quiver_store::StoreError;
+use serde_json::json;
+
+/// Everything a registry request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// No or unknown credential.
+    #[error("missing or invalid bearer token")]
+    Unauthenticated,
+    /// A valid credential without the needed role.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The record (or history entry) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// `expected_revision` did not match.
+    #[error(
+        "revision conflict on {server_id:?}: expected revision {expected}, current revision {current}"
+    )]
+    Conflict {
+        /// The record.
+        server_id: String,
+        /// What the caller expected.
+        expected: u64,
+        /// What is stored (0: absent).
+        current: u64,
+    },
+    /// Malformed input; `field` names the offending field when there is one.
+    #[error("{message}")]
+    InvalidArgument {
+        /// Dotted path of the field.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The request cannot be served in the current state (watch outside the
+    /// change log, rescan without an `mcp.d` directory).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The registry is shutting down or its database is unreachable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug or corrupt data.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Stable machine-readable error codes of the REST API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// See [`RegistryError::Unauthenticated`].
+    Unauthenticated,
+    /// See [`RegistryError::PermissionDenied`].
+    PermissionDenied,
+    /// See [`RegistryError::NotFound`].
+    NotFound,
+    /// See [`RegistryError::Conflict`].
+    Conflict,
+    /// See [`RegistryError::InvalidArgument`].
+    InvalidArgument,
+    /// See [`RegistryError::FailedPrecondition`].
+    FailedPrecondition,
+    /// See [`RegistryError::Unavailable`].
+    Unavailable,
+    /// See [`RegistryError::Internal`].
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code as it appears in JSON error bodies.
+    pub fn as_str(self) -> &'static str {
+        self.mapping().0
+    }
+
+    /// The gRPC status code.
+    pub fn grpc(self) -> tonic::Code {
+        self.mapping().1
+    }
+
+    /// The HTTP status.
+    pub fn http(self) -> StatusCode {
+        self.mapping().2
+    }
+
+    /// The table itself.
+    fn mapping(self) -> (&'static str, tonic::Code, StatusCode) {
+        match self {
+            ErrorCode::Unauthenticated => (
+                "unauthenticated",
+                tonic::Code::Unauthenticated,
+                StatusCode::UNAUTHORIZED,
+            ),
+            ErrorCode::PermissionDenied => (
+                "permission_denied",
+                tonic::Code::PermissionDenied,
+                StatusCode::FORBIDDEN,
+            ),
+            ErrorCode::NotFound => ("not_found", tonic::Code::NotFound, StatusCode::NOT_FOUND),
+            ErrorCode::Conflict => ("conflict", tonic::Code::Aborted, StatusCode::CONFLICT),
+            ErrorCode::InvalidArgument => (
+                "invalid_argument",
+                tonic::Code::InvalidArgument,
+                StatusCode::BAD_REQUEST,
+            ),
+            ErrorCode::FailedPrecondition => (
+                "failed_precondition",
+                tonic::Code::FailedPrecondition,
+                StatusCode::PRECONDITION_FAILED,
+            ),
+            ErrorCode::Unavailable => (
+                "unavailable",
+                tonic::Code::Unavailable,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            ErrorCode::Internal => (
+                "internal",
+                tonic::Code::Internal,
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        }
+    }
+}
+
+impl RegistryError {
+    /// The error's code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RegistryError::Unauthenticated => ErrorCode::Unauthenticated,
+            RegistryError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            RegistryError::NotFound(_) => ErrorCode::NotFound,
+            RegistryError::Conflict { .. } => ErrorCode::Conflict,
+            RegistryError::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            RegistryError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
+            RegistryError::Unavailable(_) => ErrorCode::Unavailable,
+            RegistryError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The field an invalid-argument error names.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            RegistryError::InvalidArgument { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// An invalid-argument error about `field`.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        RegistryError::InvalidArgument {
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ModelError> for RegistryError {
+    fn from(err: ModelError) -> Self {
+        RegistryError::InvalidArgument {
+            field: err.field().map(str::to_owned),
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<quiver_proto::ConversionError> for RegistryError {
+    fn from(err: quiver_proto::ConversionError) -> Self {
+        RegistryError::InvalidArgument {
+            field: Some(err.field().to_owned()),
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<StoreError> for RegistryError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound(id) => {
+                RegistryError::NotFound(format!("mcp server {id:?} not found"))
+            }
+            StoreError::Conflict {
+                server_id,
+                expected,
+                current,
+            } => RegistryError::Conflict {
+                server_id,
+                expected,
+                current,
+            },
+            StoreError::Invalid(err) => err.into(),
+            StoreError::Database(err) => {
+                tracing::error!(error = %err, "database error");
+                RegistryError::Unavailable(format!("database unavailable: {err}"))
+            }
+            other => {
+                tracing::error!(error = %other, "store error");
+                RegistryError::Internal(other.to_string())
+            }
+        }
+    }
+}
+
+impl From<RegistryError> for tonic::Status {
+    fn from(err: RegistryError) -> Self {
+        metrics::counter!("quiver_registry_errors_total", "code" => err.code().as_str())
+            .increment(1);
+        let message = match err.field() {
+            Some(field) if !err.to_string().starts_with(field) => format!("{field}: {err}"),
+            _ => err.to_string(),
+        };
+        tonic::Status::new(err.code().grpc(), message)
+    }
+}
+
+impl IntoResponse for RegistryError {
+    fn into_response(self) -> Response {
+        metrics::counter!("quiver_registry_errors_total", "code" => self.code().as_str())
+            .increment(1);
+        let code = self.code();
+        let mut body = json!({"error": {"code": code.as_str(), "message": self.to_string()}});
+        if let Some(field) = self.field() {
+            body["error"]["field"] = json!(field);
+        }
+        if let RegistryError::Conflict { current, .. } = &self {
+            body["error"]["current_revision"] = json!(current);
+        }
+        let mut response = (code.http(), axum::Json(body)).into_response();
+        if code == ErrorCode::Unauthenticated {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,218 @@
+//! The gRPC `McpRegistryService` (SPEC §3).
+//!
+//! Reads need the worker or admin token; writes need the admin token. Reads
+//! over gRPC are not masked: workers must see the literal values they start
+//! servers with. (REST reads without the admin token are masked.)
+
+use std::pin::Pin;
+
+use futures::Stream;
+use quiver_model::{McpServerSpec, Source};
+use quiver_proto::v1 as pb;
+use quiver_proto::v1::mcp_registry_service_server::McpRegistryService;
+use quiver_store::{DeleteRequest, UpsertOutcome, UpsertRequest};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::auth::Role;
+use crate::error::RegistryError;
+use crate::feed::WatchEvent;
+use crate::state::RegistryState;
+use crate::workers::{ServerHealth, WorkerStatus};
+
+/// Metadata key naming the person or system behind a write (audit).
+pub const ACTOR_METADATA: &str = "x-quiver-actor";
+
+/// The tonic service; wraps the shared registry state.
+#[derive(Clone)]
+pub struct GrpcService {
+    state: RegistryState,
+}
+
+impl GrpcService {
+    /// A service over `state`.
+    pub fn new(state: RegistryState) -> Self {
+        GrpcService { state }
+    }
+
+    fn role<T>(&self, request: &Request<T>, needed: Role) -> Result<Role, RegistryError> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok());
+        let role = self.state.auth.authenticate(header)?;
+        role.require(needed)?;
+        Ok(role)
+    }
+
+    fn actor<T>(request: &Request<T>) -> String {
+        crate::state::actor_name(
+            request
+                .metadata()
+                .get(ACTOR_METADATA)
+                .and_then(|value| value.to_str().ok()),
+            "api",
+        )
+    }
+}
+
+fn health_state(state: i32) -> &'static str {
+    match pb::ServerHealthState::try_from(state) {
+        Ok(pb::ServerHealthState::Connected) => "connected",
+        Ok(pb::ServerHealthState::Degraded) => "degraded",
+        Ok(pb::ServerHealthState::Down) => "down",
+        Ok(pb::ServerHealthState::Idle) => "idle",
+        _ => "unknown",
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchMcpServersResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl McpRegistryService for GrpcService {
+    async fn list_mcp_servers(
+        &self,
+        request: Request<pb::ListMcpServersRequest>,
+    ) -> Result<Response<pb::ListMcpServersResponse>, Status> {
+        self.role(&request, Role::Worker)?;
+        let snapshot = self.state.store.list().await.map_err(RegistryError::from)?;
+        Ok(Response::new(pb::ListMcpServersResponse {
+            revision: snapshot.revision,
+            servers: snapshot.servers.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn get_mcp_server(
+        &self,
+        request: Request<pb::GetMcpServerRequest>,
+    ) -> Result<Response<pb::GetMcpServerResponse>, Status> {
+        self.role(&request, Role::Worker)?;
+        let id = &request.get_ref().server_id;
+        let server = self
+            .state
+            .store
+            .get(id)
+            .await
+            .map_err(RegistryError::from)?
+            .ok_or_else(|| RegistryError::NotFound(format!("mcp server {id:?} not found")))?;
+        Ok(Response::new(pb::GetMcpServerResponse {
+            server: Some((&server).into()),
+        }))
+    }
+
+    type WatchMcpServersStream = WatchStream;
+
+    async fn watch_mcp_servers(
+        &self,
+        request: Request<pb::WatchMcpServersRequest>,
+    ) -> Result<Response<Self::WatchMcpServersStream>, Status> {
+        self.role(&request, Role::Worker)?;
+        let events = self
+            .state
+            .feed
+            .watch(request.get_ref().since_revision)
+            .await?;
+        let stream = ReceiverStream::new(events).map(|event| match event {
+            Ok(WatchEvent::Change(change)) => {
+                Ok(pb::WatchMcpServersResponse::from(change.as_ref()))
+            }
+            Ok(WatchEvent::Heartbeat(revision)) => Ok(pb::WatchMcpServersResponse {
+                revision,
+                heartbeat: true,
+                ..Default::default()
+            }),
+            Err(err) => Err(Status::from(err)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn upsert_mcp_server(
+        &self,
+        request: Request<pb::UpsertMcpServerRequest>,
+    ) -> Result<Response<pb::UpsertMcpServerResponse>, Status> {
+        self.role(&request, Role::Admin)?;
+        let actor = Self::actor(&request);
+        let request = request.into_inner();
+        let spec = request
+            .server
+            .ok_or_else(|| RegistryError::invalid("server", "missing record"))?;
+        let spec = McpServerSpec::try_from(spec).map_err(RegistryError::from)?;
+        let outcome = self
+            .state
+            .upsert(UpsertRequest {
+                spec,
+                expected_revision: request.expected_revision,
+                actor,
+                source: Source::Api,
+            })
+            .await?;
+        Ok(Response::new(pb::UpsertMcpServerResponse {
+            unchanged: matches!(outcome, UpsertOutcome::Unchanged(_)),
+            server: Some(outcome.server().into()),
+        }))
+    }
+
+    async fn delete_mcp_server(
+        &self,
+        request: Request<pb::DeleteMcpServerRequest>,
+    ) -> Result<Response<pb::DeleteMcpServerResponse>, Status> {
+        self.role(&request, Role::Admin)?;
+        let actor = Self::actor(&request);
+        let request = request.into_inner();
+        let revision = self
+            .state
+            .delete(DeleteRequest {
+                server_id: request.server_id,
+                expected_revision: request.expected_revision,
+                actor,
+                source: Source::Api,
+            })
+            .await?;
+        Ok(Response::new(pb::DeleteMcpServerResponse { revision }))
+    }
+
+    async fn get_mcp_server_history(
+        &self,
+        request: Request<pb::GetMcpServerHistoryRequest>,
+    ) -> Result<Response<pb::GetMcpServerHistoryResponse>, Status> {
+        self.role(&request, Role::Worker)?;
+        let entries = self.state.history(&request.get_ref().server_id).await?;
+        Ok(Response::new(pb::GetMcpServerHistoryResponse {
+            entries: entries.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn report_worker_status(
+        &self,
+        request: Request<pb::ReportWorkerStatusRequest>,
+    ) -> Result<Response<pb::ReportWorkerStatusResponse>, Status> {
+        self.role(&request, Role::Worker)?;
+        let report = request.into_inner();
+        if report.worker_id.trim().is_empty() || report.worker_id.len() > 256 {
+            return Err(RegistryError::invalid("worker_id", "must be 1 to 256 characters").into());
+        }
+        self.state.workers.report(WorkerStatus {
+            worker_id: report.worker_id,
+            snapshot_revision: report.snapshot_revision,
+            degraded: report.degraded,
+            servers: report
+                .servers
+                .into_iter()
+                .map(|s| ServerHealth {
+                    state: health_state(s.state),
+                    server_id: s.server_id,
+                    last_error: s.last_error,
+                    reconnect_count: s.reconnect_count,
+                    tool_count: s.tool_count,
+                    p50_latency_ms: s.p50_latency_ms,
+                })
+                .collect(),
+            reported_at: chrono::Utc::now(),
+        });
+        let head = self.state.store.head().await.map_err(RegistryError::from)?;
+        Ok(Response::new(pb::ReportWorkerStatusResponse {
+            head_revision: head.revision,
+        }))
+    }
+}

@@ -1,0 +1,312 @@
+//! The registry process: binds the gRPC and HTTP listeners, reconciles
+//! `mcp.d`, runs background tasks (rescans, compaction) and shuts everything
+//! down through one cancellation token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
+use quiver_store::Store;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
+use crate::error::RegistryError;
+use crate::feed::ChangeFeed;
+use crate::grpc::GrpcService;
+use crate::state::{McpDir, RegistryState};
+
+/// How the registry runs.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// gRPC listen address (port 0 picks a free port).
+    pub grpc_listen: SocketAddr,
+    /// HTTP listen address: admin API, metrics, health.
+    pub http_listen: SocketAddr,
+    /// Credentials.
+    pub auth: AuthConfig,
+    /// `mcp.d` directory reconciled at start-up and on rescans.
+    pub mcp_dir: Option<McpDir>,
+    /// Periodic rescan of `mcp.d`; `None` disables the timer (SIGHUP and the
+    /// REST action still work).
+    pub rescan_interval: Option<Duration>,
+    /// Heartbeat period of watch streams.
+    pub heartbeat_interval: Duration,
+    /// Change-log rows kept behind head; older ones are compacted away.
+    /// `None` keeps the whole log.
+    pub change_log_retention: Option<u64>,
+    /// How long shutdown waits for open streams and requests.
+    pub shutdown_grace: Duration,
+    /// Prometheus recorder to render at `/metrics`, when installed.
+    pub metrics: Option<PrometheusHandle>,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            auth: AuthConfig::default(),
+            mcp_dir: None,
+            rescan_interval: Some(Duration::from_secs(30)),
+            heartbeat_interval: Duration::from_secs(15),
+            change_log_retention: Some(100_000),
+            shutdown_grace: Duration::from_secs(10),
+            metrics: None,
+        }
+    }
+}
+
+/// Why the registry could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The credential configuration is refused.
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
+    /// The store or the initial `mcp.d` reconcile failed.
+    #[error("{0}")]
+    Startup(#[from] RegistryError),
+    /// A server failed while running.
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// A registry whose listeners are bound; [`Registry::run`] serves it.
+pub struct Registry {
+    state: RegistryState,
+    options: RegistryOptions,
+    grpc_listener: TcpListener,
+    http_listener: TcpListener,
+    shutdown: CancellationToken,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+impl Registry {
+    /// Binds the listeners, checks credentials, starts the change feed and
+    /// reconciles `mcp.d` once (a strict-mode error stops start-up).
+    pub async fn start(
+        store: Arc<dyn Store>,
+        options: RegistryOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Self, ServeError> {
+        let grpc_listener = bind(options.grpc_listen).await?;
+        let http_listener = bind(options.http_listen).await?;
+        let addrs = [local_addr(&grpc_listener)?, local_addr(&http_listener)?];
+        let auth = Authenticator::new(&options.auth, &addrs)?;
+        let feed =
+            ChangeFeed::start(store.clone(), options.heartbeat_interval, shutdown.clone()).await?;
+        let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone());
+        if state.has_mcp_dir() {
+            state.rescan().await?;
+        }
+        Ok(Registry {
+            state,
+            options,
+            grpc_listener,
+            http_listener,
+            shutdown,
+        })
+    }
+
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_listener
+            .local_addr()
+            .unwrap_or(self.options.grpc_listen)
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_listener
+            .local_addr()
+            .unwrap_or(self.options.http_listen)
+    }
+
+    /// Whether requests are served without credentials.
+    pub fn is_insecure(&self) -> bool {
+        self.state.auth.is_insecure()
+    }
+
+    /// Serves until the shutdown token is cancelled, then drains for at most
+    /// the grace period.
+    pub async fn run(self) -> Result<(), ServeError> {
+        let Registry {
+            state,
+            options,
+            grpc_listener,
+            http_listener,
+            shutdown,
+        } = self;
+        spawn_rescans(&state, options.rescan_interval, shutdown.clone());
+        if let Some(retention) = options.change_log_retention {
+            tokio::spawn(compact_periodically(
+                state.store.clone(),
+                retention,
+                shutdown.clone(),
+            ));
+        }
+
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<McpRegistryServiceServer<GrpcService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(quiver_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|err| ServeError::Serve(format!("grpc reflection: {err}")))?;
+        let grpc = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(McpRegistryServiceServer::new(GrpcService::new(
+                state.clone(),
+            )))
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(grpc_listener),
+                shutdown.clone().cancelled_owned(),
+            );
+
+        let app = http_router(state, options.metrics.clone());
+        let http = axum::serve(http_listener, app)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+
+        let servers = async {
+            let (grpc, http) = tokio::join!(grpc, http);
+            grpc.map_err(|err| ServeError::Serve(format!("grpc server: {err}")))?;
+            http.map_err(|err| ServeError::Serve(format!("http server: {err}")))
+        };
+        tokio::pin!(servers);
+        tokio::select! {
+            result = &mut servers => result,
+            () = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(options.shutdown_grace).await;
+            } => {
+                tracing::warn!("shutdown grace period over; closing remaining connections");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
+    listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })
+}
+
+/// The HTTP surface: admin API, metrics and health.
+pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> Router {
+    Router::new()
+        .nest("/admin/api", crate::rest::router())
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    match metrics {
+                        Some(handle) => handle.render().into_response(),
+                        None => (StatusCode::NOT_FOUND, "metrics recorder not installed")
+                            .into_response(),
+                    }
+                }
+            }),
+        )
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+async fn readyz(State(state): State<RegistryState>) -> Response {
+    match state.store.head().await {
+        Ok(head) => axum::Json(json!({"ready": true, "revision": head.revision})).into_response(),
+        Err(err) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"ready": false, "error": err.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+fn spawn_rescans(state: &RegistryState, interval: Option<Duration>, shutdown: CancellationToken) {
+    if !state.has_mcp_dir() {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(signal) => Some(signal),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGHUP; rescans only on timer and request");
+                None
+            }
+        };
+        let mut timer = interval.map(tokio::time::interval);
+        if let Some(timer) = &mut timer {
+            timer.reset();
+        }
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                Some(()) = async { match &mut hangup { Some(s) => s.recv().await, None => std::future::pending().await } } => {
+                    tracing::info!("SIGHUP: rescanning mcp.d");
+                }
+                _ = async { match &mut timer { Some(t) => t.tick().await, None => std::future::pending().await } } => {}
+            }
+            if let Err(err) = state.rescan().await {
+                tracing::error!(error = %err, "mcp.d rescan failed; keeping the current records");
+            }
+        }
+    });
+}
+
+async fn compact_periodically(store: Arc<dyn Store>, retention: u64, shutdown: CancellationToken) {
+    let mut timer = tokio::time::interval(Duration::from_secs(600));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = timer.tick() => {}
+        }
+        match store.head().await {
+            Ok(head) if head.revision > retention => {
+                let floor = head.revision - retention;
+                if floor > head.compaction_floor {
+                    match store.compact(floor).await {
+                        Ok(head) => {
+                            tracing::info!(floor = head.compaction_floor, "change log compacted")
+                        }
+                        Err(err) => tracing::warn!(error = %err, "change log compaction failed"),
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "reading head for compaction failed"),
+        }
+    }
+}

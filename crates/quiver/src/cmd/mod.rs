@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod dev;
+pub mod registry;
+pub mod servers;

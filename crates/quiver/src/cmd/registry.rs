@@ -1,0 +1,248 @@
+//! `quiver registry`: the control plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use quiver_model::Strictness;
+use quiver_registry::auth::AuthConfig;
+use quiver_registry::state::McpDir;
+use quiver_registry::{Registry, RegistryOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, RegistryFile};
+use crate::telemetry::{self, LogFormat};
+
+/// Flags of `quiver registry` (each also `QUIVER_<FLAG>`).
+#[derive(Args, Debug, Default)]
+pub struct RegistryArgs {
+    /// TOML config file (see config/registry.toml).
+    #[arg(long, env = "QUIVER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Database URL: sqlite://quiver.db (default) or postgres://user@host/db.
+    #[arg(long, env = "QUIVER_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// gRPC listen address [default: 127.0.0.1:50051].
+    #[arg(long, env = "QUIVER_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// HTTP listen address for the admin API, metrics and health [default: 127.0.0.1:8080].
+    #[arg(long, env = "QUIVER_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Directory of mcp.d server files to load and keep in sync.
+    #[arg(long, env = "QUIVER_MCP_DIR")]
+    pub mcp_dir: Option<PathBuf>,
+    /// Admin token (read and write).
+    #[arg(long, env = "QUIVER_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Worker token (read and status reports).
+    #[arg(long, env = "QUIVER_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: Option<String>,
+    /// Serve without credentials; only allowed on loopback listeners.
+    #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// Reject unknown fields and any invalid mcp.d file.
+    #[arg(long, env = "QUIVER_STRICT")]
+    pub strict: bool,
+    /// Validate mcp.d and print the changes it would make, then exit.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Periodic mcp.d rescan in seconds, 0 to disable [default: 30].
+    #[arg(long, env = "QUIVER_RESCAN_INTERVAL_SECS")]
+    pub rescan_interval_secs: Option<u64>,
+    /// Watch heartbeat period in seconds [default: 15].
+    #[arg(long, env = "QUIVER_HEARTBEAT_SECS")]
+    pub heartbeat_secs: Option<u64>,
+    /// Log format.
+    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Everything `quiver registry` needs, after layering.
+pub struct RegistrySettings {
+    /// Store URL.
+    pub database_url: String,
+    /// Server options.
+    pub options: RegistryOptions,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+/// Layers defaults < config file < env < flags.
+pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
+    let file: RegistryFile = config::load(args.config.as_deref())?;
+    let defaults = RegistryOptions::default();
+    let mcp_dir = args.mcp_dir.or_else(|| {
+        file.mcp
+            .dir
+            .map(|dir| config::relative_to(args.config.as_deref(), dir))
+    });
+    let strict = args.strict || file.mcp.strict.unwrap_or(false);
+    let rescan_secs = args
+        .rescan_interval_secs
+        .or(file.mcp.rescan_interval_secs)
+        .unwrap_or(30);
+    let retention = file.change_log_retention.or(defaults.change_log_retention);
+    let options = RegistryOptions {
+        grpc_listen: args
+            .grpc_listen
+            .or(file.grpc_listen)
+            .unwrap_or(defaults.grpc_listen),
+        http_listen: args
+            .http_listen
+            .or(file.http_listen)
+            .unwrap_or(defaults.http_listen),
+        auth: AuthConfig {
+            admin_token: args.admin_token.or(file.admin_token),
+            worker_token: args.worker_token.or(file.worker_token),
+            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+        },
+        mcp_dir: mcp_dir.map(|path| McpDir {
+            path,
+            strictness: if strict {
+                Strictness::Strict
+            } else {
+                Strictness::Lenient
+            },
+        }),
+        rescan_interval: (rescan_secs > 0).then(|| Duration::from_secs(rescan_secs)),
+        heartbeat_interval: args
+            .heartbeat_secs
+            .or(file.heartbeat_secs)
+            .map_or(defaults.heartbeat_interval, |secs| {
+                Duration::from_secs(secs.max(1))
+            }),
+        change_log_retention: retention.filter(|&n| n > 0),
+        ..defaults
+    };
+    Ok(RegistrySettings {
+        database_url: args
+            .database_url
+            .or(file.database_url)
+            .unwrap_or_else(|| "sqlite://quiver.db".to_owned()),
+        options,
+        log_format: args.log_format.or(file.log.format).unwrap_or_default(),
+    })
+}
+
+/// Runs `quiver registry`.
+pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
+    let dry_run = args.dry_run;
+    let settings = settings(args)?;
+    telemetry::init_logging(settings.log_format);
+    let store = quiver_store::open(&settings.database_url)
+        .await
+        .with_context(|| format!("opening store {}", redact_url(&settings.database_url)))?;
+    if dry_run {
+        let dir = settings
+            .options
+            .mcp_dir
+            .context("--dry-run needs an mcp.d directory (--mcp-dir)")?;
+        let scan = quiver_bootstrap::scan(&dir.path, dir.strictness)?;
+        for warning in &scan.warnings {
+            eprintln!("warning: {warning}");
+        }
+        for error in &scan.errors {
+            eprintln!("error: {}: {}", error.file, error.message);
+        }
+        let plan = quiver_bootstrap::plan(store.as_ref(), &scan).await?;
+        print!("{}", plan.render());
+        return Ok(());
+    }
+    let mut options = settings.options;
+    options.metrics = Some(telemetry::init_metrics()?);
+    serve(store, options, "registry").await
+}
+
+/// Starts a registry and serves it until Ctrl-C or SIGTERM.
+pub async fn serve(
+    store: std::sync::Arc<dyn quiver_store::Store>,
+    options: RegistryOptions,
+    banner: &str,
+) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let registry = Registry::start(store, options, shutdown.clone()).await?;
+    tracing::info!(
+        grpc = %registry.grpc_addr(),
+        http = %registry.http_addr(),
+        insecure = registry.is_insecure(),
+        "quiver {banner} listening"
+    );
+    if registry.is_insecure() {
+        tracing::warn!(
+            "running WITHOUT authentication (--insecure-no-auth): loopback only, every caller is admin"
+        );
+    }
+    tokio::spawn(shutdown_on_signal(shutdown));
+    registry.run().await?;
+    tracing::info!("quiver {banner} stopped");
+    Ok(())
+}
+
+async fn shutdown_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+}
+
+/// The URL without its password, for messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{}:***{}", &url[..scheme_end + 3], user, &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_file() {
+        let args = RegistryArgs {
+            config: Some(PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../config/registry.toml"
+            ))),
+            http_listen: Some("127.0.0.1:9999".parse().unwrap()),
+            ..Default::default()
+        };
+        let settings = settings(args).unwrap();
+        assert_eq!(settings.options.http_listen.port(), 9999);
+        assert_eq!(settings.options.grpc_listen.port(), 50051);
+        let dir = settings.options.mcp_dir.unwrap().path;
+        assert!(
+            dir.ends_with("config/./mcp.d") || dir.ends_with("config/mcp.d"),
+            "{}",
+            dir.display()
+        );
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://quiver.db"), "sqlite://quiver.db");
+    }
+}

@@ -1,0 +1,349 @@
+//! `quiver servers …`: the admin CLI over gRPC.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use quiver_model::{Format, HistoryEntry, McpServerSpec, StoredServer, Strictness, parse_document};
+use quiver_proto::v1 as pb;
+use quiver_proto::v1::mcp_registry_service_client::McpRegistryServiceClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// Connection flags shared by every `servers` subcommand.
+#[derive(Args, Debug)]
+pub struct ServersArgs {
+    /// Registry gRPC URL.
+    #[arg(
+        long,
+        env = "QUIVER_REGISTRY",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    pub registry: String,
+    /// Bearer token (admin token for writes).
+    #[arg(long, env = "QUIVER_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Name recorded as the actor of writes.
+    #[arg(long, env = "QUIVER_ACTOR", global = true)]
+    pub actor: Option<String>,
+    #[command(subcommand)]
+    pub command: ServersCommand,
+}
+
+/// Output format of reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Human-readable (TOML for single records).
+    Text,
+    /// JSON.
+    Json,
+}
+
+/// `quiver servers` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ServersCommand {
+    /// List every record.
+    List {
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Show one record.
+    Get {
+        /// The server id.
+        server_id: String,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Create or replace the records of a TOML or JSON file.
+    Apply {
+        /// File with one record or a [[servers]] list.
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// Fail unless the record is at this revision (0: must not exist).
+        #[arg(long)]
+        expected_revision: Option<u64>,
+        /// Reject unknown fields.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Delete a record.
+    Delete {
+        /// The server id.
+        server_id: String,
+        /// Fail unless the record is at this revision.
+        #[arg(long)]
+        expected_revision: Option<u64>,
+    },
+    /// Show every revision of a record.
+    History {
+        /// The server id.
+        server_id: String,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Print change events as they happen.
+    Watch {
+        /// Replay changes after this revision first (default: start at head).
+        #[arg(long)]
+        since: Option<u64>,
+    },
+}
+
+#[derive(Clone)]
+struct Credentials {
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    actor: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        if let Some(value) = &self.actor {
+            request
+                .metadata_mut()
+                .insert("x-quiver-actor", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = McpRegistryServiceClient<InterceptedService<Channel, Credentials>>;
+
+async fn connect(args: &ServersArgs) -> anyhow::Result<Client> {
+    let channel = Channel::from_shared(args.registry.clone())
+        .with_context(|| format!("invalid --registry URL {:?}", args.registry))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to the registry at {}", args.registry))?;
+    let metadata = |text: String, what: &str| {
+        MetadataValue::try_from(text).with_context(|| format!("{what} is not valid header text"))
+    };
+    let credentials = Credentials {
+        authorization: args
+            .token
+            .as_ref()
+            .map(|token| metadata(format!("Bearer {token}"), "--token"))
+            .transpose()?,
+        actor: args
+            .actor
+            .clone()
+            .map(|actor| metadata(actor, "--actor"))
+            .transpose()?,
+    };
+    Ok(McpRegistryServiceClient::with_interceptor(
+        channel,
+        credentials,
+    ))
+}
+
+/// Turns a gRPC status into an error message naming its code.
+fn status(err: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", err.code(), err.message())
+}
+
+/// Runs `quiver servers …`.
+pub async fn run(args: ServersArgs) -> anyhow::Result<()> {
+    let mut client = connect(&args).await?;
+    match args.command {
+        ServersCommand::List { output } => {
+            let response = client
+                .list_mcp_servers(pb::ListMcpServersRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            let servers = response
+                .servers
+                .into_iter()
+                .map(StoredServer::try_from)
+                .collect::<Result<Vec<_>, _>>()?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"revision": response.revision, "servers": servers})
+                    )?
+                ),
+                Output::Text => print_table(response.revision, &servers),
+            }
+        }
+        ServersCommand::Get { server_id, output } => {
+            let server = client
+                .get_mcp_server(pb::GetMcpServerRequest { server_id })
+                .await
+                .map_err(status)?
+                .into_inner()
+                .server
+                .context("registry returned no record")?;
+            let server = StoredServer::try_from(server)?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&server)?),
+                Output::Text => {
+                    println!(
+                        "# revision {} · updated {} by {} · source {}",
+                        server.revision, server.updated_at, server.updated_by, server.source
+                    );
+                    print!("{}", server.spec.to_toml());
+                }
+            }
+        }
+        ServersCommand::Apply {
+            file,
+            expected_revision,
+            strict,
+        } => {
+            let specs = read_records(&file, strict)?;
+            if expected_revision.is_some() && specs.len() > 1 {
+                bail!(
+                    "--expected-revision applies to a single record, but {} holds {}",
+                    file.display(),
+                    specs.len()
+                );
+            }
+            for spec in specs {
+                let server_id = spec.server_id.clone();
+                let response = client
+                    .upsert_mcp_server(pb::UpsertMcpServerRequest {
+                        server: Some((&spec).into()),
+                        expected_revision,
+                    })
+                    .await
+                    .map_err(|err| status(err).context(format!("applying {server_id}")))?
+                    .into_inner();
+                let revision = response.server.map_or(0, |s| s.revision);
+                let what = if response.unchanged {
+                    "unchanged"
+                } else {
+                    "applied"
+                };
+                println!("{server_id}: {what} at revision {revision}");
+            }
+        }
+        ServersCommand::Delete {
+            server_id,
+            expected_revision,
+        } => {
+            let response = client
+                .delete_mcp_server(pb::DeleteMcpServerRequest {
+                    server_id: server_id.clone(),
+                    expected_revision,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            println!("{server_id}: deleted at revision {}", response.revision);
+        }
+        ServersCommand::History { server_id, output } => {
+            let entries = client
+                .get_mcp_server_history(pb::GetMcpServerHistoryRequest { server_id })
+                .await
+                .map_err(status)?
+                .into_inner()
+                .entries
+                .into_iter()
+                .map(HistoryEntry::try_from)
+                .collect::<Result<Vec<_>, _>>()?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
+                Output::Text => {
+                    for entry in entries {
+                        println!(
+                            "{:>8}  {:<6}  {}  {}  {}",
+                            entry.revision,
+                            entry.kind.as_str(),
+                            entry.at.format("%Y-%m-%d %H:%M:%S"),
+                            entry.actor,
+                            entry.source
+                        );
+                    }
+                }
+            }
+        }
+        ServersCommand::Watch { since } => {
+            let since = match since {
+                Some(since) => since,
+                None => {
+                    client
+                        .list_mcp_servers(pb::ListMcpServersRequest {})
+                        .await
+                        .map_err(status)?
+                        .into_inner()
+                        .revision
+                }
+            };
+            let mut stream = client
+                .watch_mcp_servers(pb::WatchMcpServersRequest {
+                    since_revision: since,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            while let Some(event) = stream.message().await.map_err(status)? {
+                if event.heartbeat {
+                    continue;
+                }
+                for id in &event.upserts {
+                    println!("{} upsert {id}", event.revision);
+                }
+                for id in &event.deletes {
+                    println!("{} delete {id}", event.revision);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_records(file: &PathBuf, strict: bool) -> anyhow::Result<Vec<McpServerSpec>> {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let format = Format::from_file_name(name).unwrap_or(Format::Toml);
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let strictness = if strict {
+        Strictness::Strict
+    } else {
+        Strictness::Lenient
+    };
+    let records = parse_document(&text, format, strictness)
+        .with_context(|| format!("invalid {}", file.display()))?;
+    for record in &records {
+        for field in &record.ignored_fields {
+            eprintln!("warning: {}: unknown field {field} ignored", file.display());
+        }
+    }
+    Ok(records.into_iter().map(|r| r.spec).collect())
+}
+
+fn print_table(revision: u64, servers: &[StoredServer]) {
+    println!(
+        "{:<24} {:<16} {:<8} {:>8}  {:<20}  DISPLAY NAME",
+        "SERVER_ID", "TRANSPORT", "ENABLED", "REVISION", "SOURCE"
+    );
+    for server in servers {
+        println!(
+            "{:<24} {:<16} {:<8} {:>8}  {:<20}  {}",
+            server.spec.server_id,
+            server.spec.transport.as_str(),
+            server.spec.enabled,
+            server.revision,
+            server.source.to_string(),
+            server.spec.display_name.as_deref().unwrap_or("")
+        );
+    }
+    println!("({} servers at revision {revision})", servers.len());
+}

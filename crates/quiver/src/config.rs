@@ -1,0 +1,97 @@
+//! The config file (`--config FILE`, TOML) and its layering under env and flags.
+//!
+//! Every field is optional; unknown fields are errors so a typo in a config
+//! key is reported instead of silently ignored.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::telemetry::LogFormat;
+
+/// `config/registry.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryFile {
+    /// `sqlite://…` or `postgres://…`.
+    pub database_url: Option<String>,
+    /// gRPC listen address.
+    pub grpc_listen: Option<SocketAddr>,
+    /// HTTP listen address.
+    pub http_listen: Option<SocketAddr>,
+    /// Admin (read-write) token.
+    pub admin_token: Option<String>,
+    /// Worker (read-only) token.
+    pub worker_token: Option<String>,
+    /// Serve without credentials (loopback only).
+    pub insecure_no_auth: Option<bool>,
+    /// Watch heartbeat period in seconds.
+    pub heartbeat_secs: Option<u64>,
+    /// Change-log rows kept behind head (0 keeps everything).
+    pub change_log_retention: Option<u64>,
+    /// `mcp.d` settings.
+    #[serde(default)]
+    pub mcp: McpSection,
+    /// Logging settings.
+    #[serde(default)]
+    pub log: LogSection,
+}
+
+/// `[mcp]` of the registry config.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpSection {
+    /// Directory of `*.toml` / `*.json` server files.
+    pub dir: Option<PathBuf>,
+    /// Reject unknown fields and any invalid file.
+    pub strict: Option<bool>,
+    /// Periodic rescan in seconds (0 disables the timer).
+    pub rescan_interval_secs: Option<u64>,
+}
+
+/// `[log]` of a config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` or `json`.
+    pub format: Option<LogFormat>,
+}
+
+/// Reads a config file; a missing `path` gives the empty config.
+pub fn load<T: Default + for<'de> Deserialize<'de>>(path: Option<&Path>) -> anyhow::Result<T> {
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+/// Relative paths in a config file are relative to the file's directory.
+pub fn relative_to(config: Option<&Path>, path: PathBuf) -> PathBuf {
+    match config.and_then(Path::parent) {
+        Some(base) if path.is_relative() => base.join(path),
+        _ => path,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_registry_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/registry.toml");
+        let config: RegistryFile = load(Some(&path)).unwrap();
+        assert!(config.database_url.is_some());
+        assert!(config.mcp.dir.is_some());
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = toml::from_str::<RegistryFile>("databse_url = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("databse_url"), "{err}");
+    }
+}
