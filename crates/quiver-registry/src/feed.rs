@@ -22,8 +22,6 @@ use crate::error::RegistryError;
 
 /// Changes read from the change log per query.
 const PAGE: u32 = 512;
-/// Ring capacity shared by all watchers of a process.
-const RING_CAPACITY: usize = 4096;
 /// Outgoing events buffered per watcher before it is considered stalled.
 pub const WATCHER_BUFFER: usize = 32;
 /// How long a closing stream waits to deliver its final error.
@@ -36,6 +34,25 @@ pub enum WatchEvent {
     Change(Arc<Change>),
     /// Keep-alive carrying the last revision delivered on this stream.
     Heartbeat(u64),
+}
+
+/// Tuning of the fan-out.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedOptions {
+    /// Heartbeat period of idle streams.
+    pub heartbeat: Duration,
+    /// Recent changes kept in memory for all watchers; a watcher further
+    /// behind catches up from the change log instead.
+    pub ring_capacity: usize,
+}
+
+impl Default for FeedOptions {
+    fn default() -> Self {
+        FeedOptions {
+            heartbeat: Duration::from_secs(15),
+            ring_capacity: 4096,
+        }
+    }
 }
 
 /// Handle to the fan-out; cheap to clone.
@@ -51,16 +68,16 @@ impl ChangeFeed {
     /// Starts the pump; it stops when `shutdown` is cancelled.
     pub async fn start(
         store: Arc<dyn Store>,
-        heartbeat: Duration,
+        options: FeedOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, RegistryError> {
-        let (ring, _) = broadcast::channel(RING_CAPACITY);
+        let (ring, _) = broadcast::channel(options.ring_capacity.max(1));
         let start = store.head().await?.revision;
         tokio::spawn(pump(store.clone(), ring.clone(), start, shutdown.clone()));
         Ok(ChangeFeed {
             ring,
             store,
-            heartbeat,
+            heartbeat: options.heartbeat,
             shutdown,
         })
     }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::error::RegistryError;
-use crate::feed::ChangeFeed;
+use crate::feed::{ChangeFeed, FeedOptions};
 use crate::grpc::GrpcService;
 use crate::state::{McpDir, RegistryState};
 
@@ -39,8 +39,8 @@ pub struct RegistryOptions {
     /// Periodic rescan of `mcp.d`; `None` disables the timer (SIGHUP and the
     /// REST action still work).
     pub rescan_interval: Option<Duration>,
-    /// Heartbeat period of watch streams.
-    pub heartbeat_interval: Duration,
+    /// Watch fan-out tuning (heartbeat period, in-memory ring size).
+    pub feed: FeedOptions,
     /// Change-log rows kept behind head; older ones are compacted away.
     /// `None` keeps the whole log.
     pub change_log_retention: Option<u64>,
@@ -58,7 +58,7 @@ impl Default for RegistryOptions {
             auth: AuthConfig::default(),
             mcp_dir: None,
             rescan_interval: Some(Duration::from_secs(30)),
-            heartbeat_interval: Duration::from_secs(15),
+            feed: FeedOptions::default(),
             change_log_retention: Some(100_000),
             shutdown_grace: Duration::from_secs(10),
             metrics: None,
@@ -115,8 +115,7 @@ impl Registry {
         let http_listener = bind(options.http_listen).await?;
         let addrs = [local_addr(&grpc_listener)?, local_addr(&http_listener)?];
         let auth = Authenticator::new(&options.auth, &addrs)?;
-        let feed =
-            ChangeFeed::start(store.clone(), options.heartbeat_interval, shutdown.clone()).await?;
+        let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone());
         if state.has_mcp_dir() {
             state.rescan().await?;

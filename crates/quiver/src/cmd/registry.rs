@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
+use quiver_registry::feed::FeedOptions;
 use quiver_registry::state::McpDir;
 use quiver_registry::{Registry, RegistryOptions};
 use tokio_util::sync::CancellationToken;
@@ -107,12 +108,15 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             },
         }),
         rescan_interval: (rescan_secs > 0).then(|| Duration::from_secs(rescan_secs)),
-        heartbeat_interval: args
-            .heartbeat_secs
-            .or(file.heartbeat_secs)
-            .map_or(defaults.heartbeat_interval, |secs| {
-                Duration::from_secs(secs.max(1))
-            }),
+        feed: FeedOptions {
+            heartbeat: args
+                .heartbeat_secs
+                .or(file.heartbeat_secs)
+                .map_or(defaults.feed.heartbeat, |secs| {
+                    Duration::from_secs(secs.max(1))
+                }),
+            ..defaults.feed
+        },
         change_log_retention: retention.filter(|&n| n > 0),
         ..defaults
     };

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a developer's: checks
+# formatting and lints, builds once, and runs every test (unit, conformance on
+# SQLite and PostgreSQL, API, end-to-end) with cargo-nextest.
+#
+# Needs PostgreSQL on 127.0.0.1:5432 with trust auth (override with
+# QUIVER_TEST_DATABASE_URL); starts the local cluster if it is installed but down.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export QUIVER_TEST_DATABASE_URL="${QUIVER_TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+pg_ready() {
+  python3 - "$QUIVER_TEST_DATABASE_URL" <<'PY'
+import socket, sys, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+s = socket.socket()
+s.settimeout(1)
+try:
+    s.connect((u.hostname or "127.0.0.1", u.port or 5432))
+except OSError:
+    sys.exit(1)
+PY
+}
+
+if ! pg_ready; then
+  if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+    echo "starting the local PostgreSQL cluster"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  fi
+  for _ in $(seq 1 30); do pg_ready && break; sleep 1; done
+  pg_ready || { echo "PostgreSQL is not reachable at $QUIVER_TEST_DATABASE_URL" >&2; exit 1; }
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# One build shared by every test binary; then the run itself.
+cargo nextest run --workspace --locked --no-fail-fast
