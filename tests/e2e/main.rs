@@ -1,1 +1,15 @@
 //! End-to-end tests: real `quiver` processes, real PostgreSQL.
+//!
+//! Every test spawns its own `quiver registry` processes on ephemeral
+//! loopback ports (see [`harness`]) over a fresh database: a PostgreSQL
+//! database from `quiver_testkit` (dropped afterwards) or a SQLite file in a
+//! temporary directory. Nothing depends on state left by other tests or runs.
+
+mod auth;
+mod cli_and_bootstrap;
+mod crash_safety;
+mod deployment;
+mod graceful_shutdown;
+mod harness;
+mod registry_concurrency;
+mod replicas;

@@ -16,7 +16,6 @@ use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_store::Store;
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
@@ -184,7 +183,11 @@ impl Registry {
                 state.clone(),
             )))
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc_listener),
+                // With an external listener tonic does not apply its own
+                // TCP_NODELAY default: without it, a watch event sent right
+                // after a unary response on the same connection waits for the
+                // client's delayed ACK (~40 ms).
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                 shutdown.clone().cancelled_owned(),
             );
 

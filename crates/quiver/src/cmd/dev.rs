@@ -41,6 +41,7 @@ pub struct DevArgs {
 
 /// Runs `quiver dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    super::registry::take_over_sighup();
     telemetry::init_logging(args.log_format);
     let store = quiver_store::open(&args.database_url)
         .await

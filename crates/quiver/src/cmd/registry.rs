@@ -133,6 +133,9 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
 /// Runs `quiver registry`.
 pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     let dry_run = args.dry_run;
+    if !dry_run {
+        take_over_sighup();
+    }
     let settings = settings(args)?;
     telemetry::init_logging(settings.log_format);
     let store = quiver_store::open(&settings.database_url)
@@ -157,6 +160,16 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     let mut options = settings.options;
     options.metrics = Some(telemetry::init_metrics()?);
     serve(store, options, "registry").await
+}
+
+/// SIGHUP asks for an `mcp.d` rescan, but its default action kills the
+/// process, and the rescan task only listens once serving (not at all without
+/// an `mcp.d` directory): take the signal over before the slow start-up.
+/// Tokio keeps a handler installed for the life of the process.
+pub fn take_over_sighup() {
+    if let Err(err) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tracing::warn!(error = %err, "cannot handle SIGHUP");
+    }
 }
 
 /// Starts a registry and serves it until Ctrl-C or SIGTERM.

@@ -1,0 +1,120 @@
+//! `docker-compose.yml` and the `Dockerfile` cannot run here (no Docker
+//! engine), so this checks what can be checked: every file they reference
+//! exists, the image builds and starts the binary this repository builds, and
+//! the registry service's exact command line and environment are accepted by
+//! that binary (run as a `--dry-run` against a real PostgreSQL database).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use quiver_testkit::postgres::TestDatabase;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Compose {
+    services: BTreeMap<String, Service>,
+}
+
+#[derive(Deserialize)]
+struct Service {
+    #[serde(default)]
+    build: Option<String>,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    environment: BTreeMap<String, String>,
+    #[serde(default)]
+    volumes: Vec<String>,
+    #[serde(default)]
+    depends_on: BTreeMap<String, serde_yaml_ng::Value>,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn compose() -> Compose {
+    let text = std::fs::read_to_string(repo_root().join("docker-compose.yml")).unwrap();
+    serde_yaml_ng::from_str(&text).expect("docker-compose.yml parses")
+}
+
+#[test]
+fn compose_references_existing_files_and_services() {
+    let compose = compose();
+    for (name, service) in &compose.services {
+        for dependency in service.depends_on.keys() {
+            assert!(
+                compose.services.contains_key(dependency),
+                "{name} depends on unknown service {dependency}"
+            );
+        }
+        for volume in &service.volumes {
+            let source = volume.split(':').next().unwrap();
+            if source.starts_with("./") {
+                assert!(
+                    repo_root().join(source).exists(),
+                    "{name} mounts missing {source}"
+                );
+            }
+        }
+    }
+    let registry = &compose.services["registry"];
+    assert_eq!(registry.build.as_deref(), Some("."));
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains("cargo build --release --locked -p quiver"),
+        "the image builds the quiver binary"
+    );
+    assert!(dockerfile.contains("target/release/quiver"));
+    assert!(dockerfile.contains("COPY config /etc/quiver"));
+    assert!(dockerfile.contains("ENTRYPOINT [\"quiver\"]"));
+}
+
+/// Maps a path inside the image to this checkout (`COPY config /etc/quiver`).
+fn host_path(arg: &str) -> String {
+    match arg.strip_prefix("/etc/quiver") {
+        Some(rest) => repo_root()
+            .join(format!("config{rest}"))
+            .display()
+            .to_string(),
+        None => arg.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn the_registry_service_command_is_accepted_by_the_binary() {
+    let compose = compose();
+    let registry = &compose.services["registry"];
+    let db = TestDatabase::create().await;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_quiver"));
+    command
+        .args(registry.command.iter().map(|arg| host_path(arg)))
+        .arg("--dry-run");
+    command
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (key, value) in &registry.environment {
+        let value = match key.as_str() {
+            // Same variables, values for this machine.
+            "QUIVER_DATABASE_URL" => db.url().to_owned(),
+            "QUIVER_GRPC_LISTEN" | "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
+            _ if value.starts_with("${") => "token-for-test".to_owned(),
+            _ => value.clone(),
+        };
+        command.env(key, value);
+    }
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "compose's registry command failed:\n{stdout}\n{stderr}"
+    );
+    for id in ["filesystem", "github", "memory", "legacy-sse"] {
+        assert!(
+            stdout.contains(&format!("+ create {id}")),
+            "dry-run plans the example {id}:\n{stdout}"
+        );
+    }
+}
