@@ -13,7 +13,7 @@ use quiver_model::{
 };
 use sqlx::any::AnyRow;
 use sqlx::{AnyPool, Row};
-use tokio::sync::watch;
+use tokio::sync::{Mutex, MutexGuard, watch};
 use tokio_util::sync::DropGuard;
 
 use crate::{DeleteRequest, Head, Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest};
@@ -36,6 +36,10 @@ pub(crate) struct Dialect {
     pub select_servers: &'static str,
     /// Selects the history of one record ($1), newest first.
     pub select_history: &'static str,
+    /// Queue writers on an in-process lock before they open a transaction.
+    /// For an engine owned by one process (SQLite) this makes waiting fair
+    /// and ordered instead of the engine's sleep-and-retry busy handler.
+    pub queue_writers_in_process: bool,
 }
 
 const SELECT_HEAD: &str = "SELECT revision, compaction_floor FROM registry_head WHERE id = 1";
@@ -52,6 +56,8 @@ pub struct SqlStore {
     pool: AnyPool,
     dialect: &'static Dialect,
     head_tx: watch::Sender<u64>,
+    /// Present when [`Dialect::queue_writers_in_process`] is set.
+    writer_queue: Option<Mutex<()>>,
     /// Stops backend tasks (the PostgreSQL listener) when the store is dropped.
     _tasks: Option<DropGuard>,
 }
@@ -69,6 +75,7 @@ impl SqlStore {
             pool,
             dialect,
             head_tx,
+            writer_queue: dialect.queue_writers_in_process.then(|| Mutex::new(())),
             _tasks: None,
         })
     }
@@ -218,10 +225,19 @@ struct ChangeRow<'a> {
 }
 
 impl SqlStore {
-    async fn begin_write(&self) -> Result<(WriteTx, u64), StoreError> {
+    /// Opens a write transaction holding the writer lock; returns it with
+    /// the head revision and compaction floor. The queue turn (if any) must
+    /// be held until the transaction ends.
+    async fn begin_write(
+        &self,
+    ) -> Result<(WriteTx, (u64, u64), Option<MutexGuard<'_, ()>>), StoreError> {
+        let turn = match &self.writer_queue {
+            Some(queue) => Some(queue.lock().await),
+            None => None,
+        };
         let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
-        let (revision, _) = read_head_with(&mut tx, self.dialect.lock_head).await?;
-        Ok((tx, revision))
+        let head = read_head_with(&mut tx, self.dialect.lock_head).await?;
+        Ok((tx, head, turn))
     }
 
     async fn current(
@@ -319,9 +335,15 @@ impl Store for SqlStore {
         validate(&request.spec)?;
         let server_id = request.spec.server_id.clone();
         let spec_json = spec_to_json(&request.spec)?;
-        let (mut tx, head) = self.begin_write().await?;
+        let (mut tx, (head, _), _turn) = self.begin_write().await?;
         let current = self.current(&mut tx, &server_id).await?;
-        check_expected(&server_id, request.expected_revision, current.as_ref())?;
+        if let Err(conflict) =
+            check_expected(&server_id, request.expected_revision, current.as_ref())
+        {
+            // Roll back before the queue turn is released, not lazily on drop.
+            tx.rollback().await?;
+            return Err(conflict);
+        }
         if let Some(current) = &current {
             let same_owner =
                 current.source == request.source || !request.source.adopts_identical_record();
@@ -371,15 +393,20 @@ impl Store for SqlStore {
     }
 
     async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError> {
-        let (mut tx, head) = self.begin_write().await?;
+        let (mut tx, (head, _), _turn) = self.begin_write().await?;
         let current = self.current(&mut tx, &request.server_id).await?;
-        check_expected(
+        let refused = match check_expected(
             &request.server_id,
             request.expected_revision,
             current.as_ref(),
-        )?;
-        if current.is_none() {
-            return Err(StoreError::NotFound(request.server_id));
+        ) {
+            Err(conflict) => Some(conflict),
+            Ok(()) if current.is_none() => Some(StoreError::NotFound(request.server_id.clone())),
+            Ok(()) => None,
+        };
+        if let Some(err) = refused {
+            tx.rollback().await?;
+            return Err(err);
         }
         let revision = head + 1;
         sqlx::query(DELETE_SERVER)
@@ -426,8 +453,7 @@ impl Store for SqlStore {
     }
 
     async fn compact(&self, floor: u64) -> Result<Head, StoreError> {
-        let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
-        let (revision, current_floor) = read_head_with(&mut tx, self.dialect.lock_head).await?;
+        let (mut tx, (revision, current_floor), _turn) = self.begin_write().await?;
         let new_floor = floor.min(revision).max(current_floor);
         if new_floor > current_floor {
             sqlx::query(COMPACT_CHANGES)

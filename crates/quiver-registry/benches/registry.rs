@@ -1,0 +1,811 @@
+//! Registry benchmark (issue #2): upsert throughput and upsert → watch-event
+//! latency over real gRPC, on SQLite and on PostgreSQL.
+//!
+//! Each backend gets a real in-process registry (`Registry::start` on
+//! `127.0.0.1:0`, admin token, served by `Registry::run`) and tonic clients on
+//! loopback. Every figure is printed next to a baseline measured in the same
+//! run on the same machine, and the ratio between the two is the number to
+//! compare across runs (the absolute numbers move with the load of the shared
+//! machine):
+//!
+//! - upsert throughput (1 client, and `QUIVER_BENCH_CLIENTS` clients on their
+//!   own channels) against raw single-row `INSERT` + `COMMIT` transactions
+//!   through sqlx on the same database engine and settings (1 and as many
+//!   connections);
+//! - upsert RPC latency against one raw `INSERT` + `COMMIT`;
+//! - upsert → watch-event latency (from just before the upsert RPC to receipt
+//!   of the matching event on an open `WatchMcpServers` stream, one upsert at
+//!   a time) against a gRPC read that writes nothing (`GetMcpServer`);
+//! - on PostgreSQL, the same latency with the watcher on a second registry
+//!   replica sharing the database (woken by LISTEN/NOTIFY), against the
+//!   same-replica latency.
+//!
+//! Run with `cargo bench -p quiver-registry --bench registry`. Sizes come from
+//! environment variables (defaults in brackets): `QUIVER_BENCH_UPSERTS` [2000]
+//! upserts per throughput phase, `QUIVER_BENCH_CLIENTS` [8] concurrent
+//! clients, `QUIVER_BENCH_EVENTS` [1000] upserts timed to their watch event,
+//! `QUIVER_BENCH_BASELINE` [1000] samples per baseline, `QUIVER_BENCH_WARMUP`
+//! [20] untimed operations before each phase, `QUIVER_BENCH_BACKENDS`
+//! [`sqlite,postgres`]. PostgreSQL comes from `QUIVER_TEST_DATABASE_URL`
+//! (default `postgres://postgres@127.0.0.1:5432/postgres`); a fresh database
+//! is created and dropped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pb::mcp_registry_service_client::McpRegistryServiceClient;
+use quiver_proto::v1 as pb;
+use quiver_registry::auth::AuthConfig;
+use quiver_registry::{Registry, RegistryOptions};
+use quiver_store::{SqlStore, Store};
+use quiver_testkit::postgres::TestDatabase;
+use sqlx::Executor;
+use sqlx::any::AnyPoolOptions;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+const ADMIN_TOKEN: &str = "bench-admin-token";
+/// Same pragmas as the registry's SQLite store (`quiver-store/src/sqlite.rs`).
+const SQLITE_PRAGMAS: &str =
+    "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000;";
+const BASELINE_TABLE: &str = "CREATE TABLE bench_baseline \
+     (id BIGINT PRIMARY KEY, payload TEXT NOT NULL, at_ms BIGINT NOT NULL)";
+const BASELINE_INSERT: &str = "INSERT INTO bench_baseline (id, payload, at_ms) VALUES ($1, $2, $3)";
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Benchmark sizes, from the environment.
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    upserts: usize,
+    clients: usize,
+    events: usize,
+    baseline: usize,
+    warmup: usize,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a positive integer, got {value:?}")),
+        Err(_) => default,
+    }
+}
+
+impl Config {
+    fn from_env() -> Self {
+        Config {
+            upserts: env_usize("QUIVER_BENCH_UPSERTS", 2000).max(1),
+            clients: env_usize("QUIVER_BENCH_CLIENTS", 8).max(1),
+            events: env_usize("QUIVER_BENCH_EVENTS", 1000).max(1),
+            baseline: env_usize("QUIVER_BENCH_BASELINE", 1000).max(1),
+            warmup: env_usize("QUIVER_BENCH_WARMUP", 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+
+    /// How a raw write transaction starts, as the registry's store starts it.
+    fn begin(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "BEGIN IMMEDIATE",
+            Backend::Postgres => "BEGIN ISOLATION LEVEL READ COMMITTED",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Latency samples.
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn new(mut samples: Vec<Duration>) -> Self {
+        samples.sort_unstable();
+        Samples(samples)
+    }
+
+    /// Nearest-rank percentile, `p` in (0, 1].
+    fn percentile(&self, p: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = (p * self.0.len() as f64).ceil() as usize;
+        self.0[rank.clamp(1, self.0.len()) - 1]
+    }
+
+    fn p50(&self) -> Duration {
+        self.percentile(0.50)
+    }
+
+    fn p99(&self) -> Duration {
+        self.percentile(0.99)
+    }
+
+    fn max(&self) -> Duration {
+        self.0.last().copied().unwrap_or_default()
+    }
+}
+
+/// Operations per second of `ops` operations in `elapsed`.
+fn rate(ops: usize, elapsed: Duration) -> f64 {
+    ops as f64 / elapsed.as_secs_f64()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A finished phase: throughput and per-operation latencies.
+struct Phase {
+    ops_per_sec: f64,
+    latency: Samples,
+}
+
+// ---------------------------------------------------------------- report
+
+struct Row {
+    backend: &'static str,
+    metric: String,
+    value: String,
+    baseline: String,
+    ratio: String,
+}
+
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn add(
+        &mut self,
+        backend: Backend,
+        metric: impl Into<String>,
+        value: String,
+        baseline: String,
+        ratio: Option<f64>,
+    ) {
+        self.rows.push(Row {
+            backend: backend.name(),
+            metric: metric.into(),
+            value,
+            baseline,
+            ratio: ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.2}×")),
+        });
+    }
+
+    /// A latency row: `value / baseline`.
+    fn latency(
+        &mut self,
+        backend: Backend,
+        metric: impl Into<String>,
+        value: Duration,
+        baseline_name: &str,
+        baseline: Option<Duration>,
+    ) {
+        let ratio = baseline.map(|b| value.as_secs_f64() / b.as_secs_f64());
+        self.add(
+            backend,
+            metric,
+            format!("{:.3} ms", ms(value)),
+            baseline.map_or_else(
+                || "—".to_owned(),
+                |b| format!("{baseline_name}: {:.3} ms", ms(b)),
+            ),
+            ratio,
+        );
+    }
+
+    /// A throughput row: `value / baseline`.
+    fn throughput(
+        &mut self,
+        backend: Backend,
+        metric: impl Into<String>,
+        value: f64,
+        baseline_name: &str,
+        baseline: f64,
+    ) {
+        self.add(
+            backend,
+            metric,
+            format!("{value:.0} ops/s"),
+            format!("{baseline_name}: {baseline:.0} ops/s"),
+            Some(value / baseline),
+        );
+    }
+
+    fn print(&self) {
+        println!("| backend | metric | value | baseline (same run) | ratio |");
+        println!("|---|---|---:|---|---:|");
+        for row in &self.rows {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                row.backend, row.metric, row.value, row.baseline, row.ratio
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- gRPC client
+
+#[derive(Clone)]
+struct Bearer(AsciiMetadataValue);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+type Client = McpRegistryServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// A client on its own HTTP/2 connection.
+async fn connect(addr: SocketAddr) -> BenchResult<Client> {
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let token = MetadataValue::try_from(format!("Bearer {ADMIN_TOKEN}"))?;
+    Ok(McpRegistryServiceClient::with_interceptor(
+        channel,
+        Bearer(token),
+    ))
+}
+
+/// A valid record; `version` goes into a label so every upsert changes the
+/// content (an identical upsert is a no-op without a revision).
+fn spec(server_id: &str, version: usize) -> pb::McpServerSpec {
+    pb::McpServerSpec {
+        server_id: server_id.to_owned(),
+        display_name: Some(format!("Benchmark server {server_id}")),
+        transport: pb::Transport::StreamableHttp.into(),
+        http: Some(pb::HttpConfig {
+            url: format!("https://mcp.example.com/{server_id}"),
+            headers: [("X-Bench".to_owned(), "1".to_owned())].into(),
+            auth_ref: None,
+        }),
+        tool_namespace: Some("bench".to_owned()),
+        allowed_tools: vec!["read_*".to_owned(), "list_*".to_owned()],
+        labels: [
+            ("team".to_owned(), "bench".to_owned()),
+            ("version".to_owned(), version.to_string()),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// Upserts and returns the new revision.
+async fn upsert(client: &mut Client, server_id: &str, version: usize) -> BenchResult<u64> {
+    let response = client
+        .upsert_mcp_server(pb::UpsertMcpServerRequest {
+            server: Some(spec(server_id, version)),
+            expected_revision: None,
+        })
+        .await?
+        .into_inner();
+    if response.unchanged {
+        return Err(format!("upsert of {server_id} v{version} was a no-op").into());
+    }
+    Ok(response.server.ok_or("upsert returned no record")?.revision)
+}
+
+// ---------------------------------------------------------------- registry phases
+
+/// A registry served in this process until [`RunningRegistry::stop`].
+struct RunningRegistry {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningRegistry {
+    async fn start(store: Arc<dyn Store>) -> BenchResult<Self> {
+        let shutdown = CancellationToken::new();
+        let options = RegistryOptions {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            auth: AuthConfig {
+                admin_token: Some(ADMIN_TOKEN.to_owned()),
+                worker_token: None,
+                insecure_no_auth: false,
+            },
+            mcp_dir: None,
+            rescan_interval: None,
+            change_log_retention: None,
+            shutdown_grace: Duration::from_secs(1),
+            // Everything else (heartbeat, fan-out sizes) as deployed; the
+            // watch reader skips heartbeats.
+            ..RegistryOptions::default()
+        };
+        let registry = Registry::start(store, options, shutdown.clone()).await?;
+        let addr = registry.grpc_addr();
+        let task = tokio::spawn(async move {
+            if let Err(err) = registry.run().await {
+                eprintln!("registry stopped with an error: {err}");
+            }
+        });
+        Ok(RunningRegistry {
+            addr,
+            shutdown,
+            task,
+        })
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// `count` sequential upserts by one client, cycling over `records` records.
+async fn upsert_phase(
+    client: &mut Client,
+    prefix: &str,
+    records: usize,
+    count: usize,
+) -> BenchResult<Phase> {
+    let mut latencies = Vec::with_capacity(count);
+    let started = Instant::now();
+    for i in 0..count {
+        let id = format!("{prefix}-{}", i % records);
+        let t0 = Instant::now();
+        upsert(client, &id, i).await?;
+        latencies.push(t0.elapsed());
+    }
+    Ok(Phase {
+        ops_per_sec: rate(count, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
+/// `count` upserts spread over `clients` clients, each on its own channel,
+/// all writing at once (each client its own records).
+async fn concurrent_upserts(
+    addr: SocketAddr,
+    prefix: &str,
+    clients: usize,
+    count: usize,
+) -> BenchResult<Phase> {
+    let mut connected = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        connected.push(connect(addr).await?);
+    }
+    let per_client = count.div_ceil(clients);
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for (c, mut client) in connected.into_iter().enumerate() {
+        let prefix = format!("{prefix}-c{c}");
+        tasks.spawn(async move { upsert_phase(&mut client, &prefix, 8, per_client).await });
+    }
+    let mut latencies = Vec::with_capacity(per_client * clients);
+    while let Some(joined) = tasks.join_next().await {
+        latencies.extend(joined??.latency.0);
+    }
+    Ok(Phase {
+        ops_per_sec: rate(per_client * clients, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
+/// Upsert → watch-event latencies, one upsert at a time, plus how long after
+/// the upsert reply the event arrived.
+struct EventLatency {
+    to_event: Samples,
+    after_reply: Samples,
+}
+
+/// `writer` upserts records named `prefix-…`; the watcher connects to
+/// `watch_addr` (the writer's registry, or another replica on the same
+/// database).
+async fn event_phase(
+    watch_addr: SocketAddr,
+    writer: &mut Client,
+    prefix: &str,
+    count: usize,
+    warmup: usize,
+) -> BenchResult<EventLatency> {
+    let mut watcher = connect(watch_addr).await?;
+    let since = watcher
+        .list_mcp_servers(pb::ListMcpServersRequest {})
+        .await?
+        .into_inner()
+        .revision;
+    let mut stream = watcher
+        .watch_mcp_servers(pb::WatchMcpServersRequest {
+            since_revision: since,
+        })
+        .await?
+        .into_inner();
+    // Receipt times are taken by a task that only reads the stream.
+    let (tx, mut events) = mpsc::unbounded_channel::<(u64, Instant)>();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(event)) = stream.message().await {
+            let at = Instant::now();
+            if !event.heartbeat && tx.send((event.revision, at)).is_err() {
+                break;
+            }
+        }
+    });
+    let mut to_event = Vec::with_capacity(count);
+    let mut after_reply = Vec::with_capacity(count);
+    for i in 0..warmup + count {
+        let id = format!("{prefix}-{}", i % 16);
+        let t0 = Instant::now();
+        let revision = upsert(writer, &id, i).await?;
+        let replied = Instant::now();
+        let received = loop {
+            let (event_revision, at) = tokio::time::timeout(Duration::from_secs(30), events.recv())
+                .await?
+                .ok_or("watch stream ended")?;
+            if event_revision == revision {
+                break at;
+            }
+            if event_revision > revision {
+                return Err(format!("watch skipped revision {revision}").into());
+            }
+        };
+        if i >= warmup {
+            to_event.push(received - t0);
+            after_reply.push(received.saturating_duration_since(replied));
+        }
+    }
+    reader.abort();
+    Ok(EventLatency {
+        to_event: Samples::new(to_event),
+        after_reply: Samples::new(after_reply),
+    })
+}
+
+/// `count` sequential `GetMcpServer` calls of an existing record.
+async fn read_phase(client: &mut Client, server_id: &str, count: usize) -> BenchResult<Samples> {
+    let mut latencies = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t0 = Instant::now();
+        client
+            .get_mcp_server(pb::GetMcpServerRequest {
+                server_id: server_id.to_owned(),
+            })
+            .await?;
+        latencies.push(t0.elapsed());
+    }
+    Ok(Samples::new(latencies))
+}
+
+// ---------------------------------------------------------------- raw baseline
+
+/// Raw single-row `INSERT` + `COMMIT` transactions through sqlx.
+async fn raw_insert_phase(
+    pool: &sqlx::AnyPool,
+    backend: Backend,
+    first_id: i64,
+    connections: usize,
+    count: usize,
+) -> BenchResult<Phase> {
+    let payload = record_sized_payload();
+    let per_connection = count.div_ceil(connections);
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for c in 0..connections {
+        let pool = pool.clone();
+        let payload = payload.clone();
+        let base = first_id + (c * per_connection) as i64;
+        tasks.spawn(async move {
+            let mut latencies = Vec::with_capacity(per_connection);
+            for i in 0..per_connection {
+                let t0 = Instant::now();
+                let mut tx = pool.begin_with(backend.begin()).await?;
+                sqlx::query(BASELINE_INSERT)
+                    .bind(base + i as i64)
+                    .bind(payload.clone())
+                    .bind(i as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                latencies.push(t0.elapsed());
+            }
+            Ok::<_, sqlx::Error>(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(per_connection * connections);
+    while let Some(joined) = tasks.join_next().await {
+        latencies.extend(joined??);
+    }
+    Ok(Phase {
+        ops_per_sec: rate(per_connection * connections, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
+/// A payload the size of a stored record's JSON.
+fn record_sized_payload() -> String {
+    "x".repeat(400)
+}
+
+/// Baseline pool: SQLite in its own file with the registry's pragmas, or
+/// the benchmark's PostgreSQL database.
+async fn baseline_pool(
+    backend: Backend,
+    url: &str,
+    connections: usize,
+) -> BenchResult<sqlx::AnyPool> {
+    sqlx::any::install_default_drivers();
+    let mut options = AnyPoolOptions::new().max_connections(connections as u32);
+    if backend == Backend::Sqlite {
+        options = options.after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute(SQLITE_PRAGMAS).await?;
+                Ok(())
+            })
+        });
+    }
+    let pool = options.connect(url).await?;
+    pool.execute(BASELINE_TABLE).await?;
+    Ok(pool)
+}
+
+// ---------------------------------------------------------------- one backend
+
+async fn bench_backend(backend: Backend, config: Config, report: &mut Report) -> BenchResult<()> {
+    let scratch = tempfile::tempdir()?;
+    // Keeps the PostgreSQL database alive until the end of this function.
+    let mut database = None;
+    let (store, baseline_url): (Arc<dyn Store>, String) = match backend {
+        Backend::Sqlite => {
+            let registry_url = format!("sqlite://{}", scratch.path().join("registry.db").display());
+            let baseline_url = format!(
+                "sqlite://{}?mode=rwc",
+                scratch.path().join("baseline.db").display()
+            );
+            (
+                Arc::new(SqlStore::open_sqlite(&registry_url).await?),
+                baseline_url,
+            )
+        }
+        Backend::Postgres => {
+            let db = TestDatabase::create().await;
+            let url = db.url().to_owned();
+            database = Some(db);
+            (Arc::new(SqlStore::open_postgres(&url).await?), url)
+        }
+    };
+    let name = backend.name();
+    eprintln!("[{name}] starting registry");
+    let registry = RunningRegistry::start(store.clone()).await?;
+    let pool = baseline_pool(backend, &baseline_url, config.clients).await?;
+    let mut client = connect(registry.addr).await?;
+
+    // Baseline (a): raw INSERT + COMMIT, 1 connection and `clients` connections.
+    eprintln!("[{name}] raw insert baseline");
+    raw_insert_phase(&pool, backend, 0, 1, config.warmup).await?;
+    let raw_seq = raw_insert_phase(&pool, backend, 1_000_000, 1, config.baseline).await?;
+    let raw_conc =
+        raw_insert_phase(&pool, backend, 2_000_000, config.clients, config.baseline).await?;
+
+    // Upsert throughput, 1 client.
+    eprintln!("[{name}] sequential upserts");
+    upsert_phase(&mut client, "warm", 16, config.warmup).await?;
+    let seq = upsert_phase(&mut client, "seq", 64, config.upserts).await?;
+
+    // Upsert throughput, `clients` clients.
+    eprintln!("[{name}] {} concurrent clients", config.clients);
+    let conc = concurrent_upserts(registry.addr, "conc", config.clients, config.upserts).await?;
+
+    // Upsert → watch event.
+    eprintln!("[{name}] upsert → watch event");
+    let events = event_phase(
+        registry.addr,
+        &mut client,
+        "watched",
+        config.events,
+        config.warmup,
+    )
+    .await?;
+
+    // PostgreSQL: the same through a second replica on the same database,
+    // woken by LISTEN/NOTIFY (R-STORE-7).
+    let replica_events = match &database {
+        Some(db) => {
+            eprintln!("[{name}] upsert → watch event on a second replica");
+            let replica_store: Arc<dyn Store> = Arc::new(SqlStore::open_postgres(db.url()).await?);
+            let replica = RunningRegistry::start(replica_store).await?;
+            let events = event_phase(
+                replica.addr,
+                &mut client,
+                "replicated",
+                config.events,
+                config.warmup,
+            )
+            .await?;
+            replica.stop().await;
+            Some(events)
+        }
+        None => None,
+    };
+
+    // Baseline (b): a gRPC read that writes nothing.
+    eprintln!("[{name}] gRPC read baseline");
+    read_phase(&mut client, "seq-0", config.warmup).await?;
+    let reads = read_phase(&mut client, "seq-0", config.baseline).await?;
+
+    let clients = config.clients;
+    report.throughput(
+        backend,
+        "upsert throughput, 1 client",
+        seq.ops_per_sec,
+        "raw INSERT+COMMIT, 1 conn",
+        raw_seq.ops_per_sec,
+    );
+    report.throughput(
+        backend,
+        format!("upsert throughput, {clients} clients"),
+        conc.ops_per_sec,
+        &format!("raw INSERT+COMMIT, {clients} conns"),
+        raw_conc.ops_per_sec,
+    );
+    report.throughput(
+        backend,
+        format!("upsert throughput, {clients} clients vs 1 client"),
+        conc.ops_per_sec,
+        "upsert, 1 client",
+        seq.ops_per_sec,
+    );
+    report.latency(
+        backend,
+        "upsert RPC latency p50, 1 client",
+        seq.latency.p50(),
+        "raw INSERT+COMMIT p50",
+        Some(raw_seq.latency.p50()),
+    );
+    report.latency(
+        backend,
+        "upsert RPC latency p99, 1 client",
+        seq.latency.p99(),
+        "raw INSERT+COMMIT p99",
+        Some(raw_seq.latency.p99()),
+    );
+    report.latency(
+        backend,
+        format!("upsert RPC latency p50, {clients} clients"),
+        conc.latency.p50(),
+        &format!("raw INSERT+COMMIT p50, {clients} conns"),
+        Some(raw_conc.latency.p50()),
+    );
+    report.latency(
+        backend,
+        format!("upsert RPC latency p99, {clients} clients"),
+        conc.latency.p99(),
+        &format!("raw INSERT+COMMIT p99, {clients} conns"),
+        Some(raw_conc.latency.p99()),
+    );
+    report.latency(
+        backend,
+        format!("upsert RPC latency max, {clients} clients"),
+        conc.latency.max(),
+        &format!("raw INSERT+COMMIT max, {clients} conns"),
+        Some(raw_conc.latency.max()),
+    );
+    report.latency(
+        backend,
+        "upsert → watch event p50",
+        events.to_event.p50(),
+        "gRPC GetMcpServer p50",
+        Some(reads.p50()),
+    );
+    report.latency(
+        backend,
+        "upsert → watch event p99",
+        events.to_event.p99(),
+        "gRPC GetMcpServer p99",
+        Some(reads.p99()),
+    );
+    report.latency(
+        backend,
+        "upsert → watch event max",
+        events.to_event.max(),
+        "gRPC GetMcpServer max",
+        Some(reads.max()),
+    );
+    if let Some(replica) = &replica_events {
+        report.latency(
+            backend,
+            "upsert → watch event on 2nd replica p50",
+            replica.to_event.p50(),
+            "same replica p50",
+            Some(events.to_event.p50()),
+        );
+        report.latency(
+            backend,
+            "upsert → watch event on 2nd replica p99",
+            replica.to_event.p99(),
+            "same replica p99",
+            Some(events.to_event.p99()),
+        );
+    }
+    report.latency(
+        backend,
+        "watch event after upsert reply p50",
+        events.after_reply.p50(),
+        "gRPC GetMcpServer p50",
+        Some(reads.p50()),
+    );
+    report.latency(
+        backend,
+        "watch event after upsert reply p99",
+        events.after_reply.p99(),
+        "gRPC GetMcpServer p99",
+        Some(reads.p99()),
+    );
+
+    drop(client);
+    pool.close().await;
+    registry.stop().await;
+    drop(store);
+    drop(database);
+    Ok(())
+}
+
+fn main() -> BenchResult<()> {
+    let config = Config::from_env();
+    let backends = std::env::var("QUIVER_BENCH_BACKENDS")
+        .unwrap_or_else(|_| "sqlite,postgres".to_owned())
+        .split(',')
+        .map(|name| match name.trim() {
+            "sqlite" => Ok(Backend::Sqlite),
+            "postgres" => Ok(Backend::Postgres),
+            other => Err(format!(
+                "unknown backend {other:?} in QUIVER_BENCH_BACKENDS"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    let mut report = Report::default();
+    runtime.block_on(async {
+        for backend in backends {
+            bench_backend(backend, config, &mut report).await?;
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    println!(
+        "\nquiver registry benchmark: {} upserts per throughput phase, {} clients, {} timed watch events, {} samples per baseline, {} warm-up ops; {} cores; {:.1} s",
+        config.upserts,
+        config.clients,
+        config.events,
+        config.baseline,
+        config.warmup,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        started.elapsed().as_secs_f64(),
+    );
+    println!();
+    report.print();
+    Ok(())
+}
