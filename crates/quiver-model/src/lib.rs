@@ -1,14 +1,18 @@
 //! The Quiver domain model: the MCP server record (SPEC §1), its validation,
-//! its TOML/JSON forms, tool-name patterns, `${ENV:…}` references and the
-//! registry's revision and history types. Every other crate speaks these types.
+//! its TOML/JSON forms, tool-name patterns, injected tool names and the
+//! layered tool policy, `${ENV:…}` references and the registry's revision and
+//! history types. Every other crate speaks these types.
 
 pub mod env_ref;
 mod error;
 mod mask;
+pub mod naming;
 mod parse;
 pub mod pattern;
+pub mod policy;
 mod record;
 mod stored;
+pub mod token;
 mod validate;
 
 pub use error::{FieldError, Format, ModelError};

@@ -73,6 +73,13 @@ impl PatternSet {
         Ok(PatternSet { set })
     }
 
+    /// A set without patterns: it matches nothing.
+    pub fn empty() -> Self {
+        PatternSet {
+            set: GlobSet::empty(),
+        }
+    }
+
     /// Whether the set holds no pattern.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty()
@@ -81,6 +88,11 @@ impl PatternSet {
     /// Whether any pattern matches `name`.
     pub fn matches(&self, name: &str) -> bool {
         self.set.is_match(name)
+    }
+
+    /// Index of the first pattern, in the order given, that matches `name`.
+    pub fn first_match(&self, name: &str) -> Option<usize> {
+        self.set.matches(name).into_iter().min()
     }
 }
 
@@ -95,6 +107,9 @@ mod tests {
         assert!(set.matches("fs.search_files"));
         assert!(set.matches("web.deep.searcher"));
         assert!(!set.matches("write_file"));
+        assert_eq!(set.first_match("read_search"), Some(0));
+        assert_eq!(set.first_match("fs.search"), Some(1));
+        assert_eq!(set.first_match("write_file"), None);
         assert!(Pattern::new("*").unwrap().matches("a/b.c"));
     }
 

@@ -1,11 +1,10 @@
 //! Bearer-token credentials (SPEC §12): admin tokens may read and write,
 //! worker tokens may read and report status. Tokens are compared in constant
-//! time over their SHA-256 digests, so neither content nor length leaks.
+//! time ([`quiver_model::token`]).
 
 use std::net::SocketAddr;
 
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use quiver_model::token::{TokenDigest, bearer};
 
 use crate::error::RegistryError;
 
@@ -56,17 +55,11 @@ pub enum AuthConfigError {
     EmptyToken(&'static str),
 }
 
-type Digest32 = [u8; 32];
-
-fn digest(token: &str) -> Digest32 {
-    Sha256::digest(token.as_bytes()).into()
-}
-
 /// Checks presented tokens against the configured ones.
 #[derive(Clone)]
 pub struct Authenticator {
-    admin: Option<Digest32>,
-    worker: Option<Digest32>,
+    admin: Option<TokenDigest>,
+    worker: Option<TokenDigest>,
     insecure: bool,
 }
 
@@ -90,8 +83,8 @@ impl Authenticator {
             return Err(AuthConfigError::NoCredentials);
         }
         Ok(Authenticator {
-            admin: config.admin_token.as_deref().map(digest),
-            worker: config.worker_token.as_deref().map(digest),
+            admin: config.admin_token.as_deref().map(TokenDigest::of),
+            worker: config.worker_token.as_deref().map(TokenDigest::of),
             insecure: config.insecure_no_auth && !has_tokens,
         })
     }
@@ -106,14 +99,9 @@ impl Authenticator {
         if self.insecure {
             return Ok(Role::Admin);
         }
-        let token = authorization
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(RegistryError::Unauthenticated)?;
-        let presented = digest(token);
-        let matches = |expected: &Option<Digest32>| {
-            expected.is_some_and(|expected| bool::from(expected.ct_eq(&presented)))
-        };
+        let token = bearer(authorization).ok_or(RegistryError::Unauthenticated)?;
+        let matches =
+            |expected: &Option<TokenDigest>| expected.as_ref().is_some_and(|d| d.matches(token));
         if matches(&self.admin) {
             Ok(Role::Admin)
         } else if matches(&self.worker) {

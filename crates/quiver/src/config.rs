@@ -39,6 +39,66 @@ pub struct RegistryFile {
     pub log: LogSection,
 }
 
+/// `config/worker.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerFile {
+    /// Registry gRPC URL.
+    pub registry: Option<String>,
+    /// Worker token for the registry (prefer `QUIVER_TOKEN`).
+    pub token: Option<String>,
+    /// HTTP listen address.
+    pub http_listen: Option<SocketAddr>,
+    /// Identity reported to the registry.
+    pub worker_id: Option<String>,
+    /// Serve callers without a token (loopback only).
+    pub insecure_no_auth: Option<bool>,
+    /// Servers connected as soon as they appear.
+    #[serde(default)]
+    pub warm_up: Vec<String>,
+    /// Pool limits.
+    #[serde(default)]
+    pub pool: PoolSection,
+    /// Caller credentials and the task each selects.
+    #[serde(default)]
+    pub callers: Vec<CallerEntry>,
+    /// Task policies by name.
+    #[serde(default)]
+    pub tasks: std::collections::BTreeMap<String, quiver_model::policy::TaskPolicy>,
+    /// Logging settings.
+    #[serde(default)]
+    pub log: LogSection,
+}
+
+/// `[pool]` of the worker config.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// Calls in flight at once across all servers.
+    pub max_inflight_calls: Option<usize>,
+    /// Stdio child processes alive at once.
+    pub max_child_processes: Option<usize>,
+    /// Bound on connect + `initialize`, in ms.
+    pub initialize_timeout_ms: Option<u64>,
+    /// Idle connections are closed after this many seconds (0: never).
+    pub idle_timeout_secs: Option<u64>,
+    /// `tools/list` cache lifetime in seconds.
+    pub tools_ttl_secs: Option<u64>,
+}
+
+/// One `[[callers]]` entry: a token (literal or from an environment
+/// variable) and its task.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerEntry {
+    /// The token itself.
+    pub token: Option<String>,
+    /// Name of an environment variable holding the token.
+    pub token_env: Option<String>,
+    /// Task selected by this token.
+    pub task: String,
+}
+
 /// `[mcp]` of the registry config.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -87,6 +147,16 @@ mod tests {
         let config: RegistryFile = load(Some(&path)).unwrap();
         assert!(config.database_url.is_some());
         assert!(config.mcp.dir.is_some());
+    }
+
+    #[test]
+    fn example_worker_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/worker.toml");
+        let config: WorkerFile = load(Some(&path)).unwrap();
+        assert!(!config.callers.is_empty());
+        for task in config.tasks.values() {
+            task.compile().unwrap();
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `quiver`: one binary for the registry (control plane), dev mode and the
-//! admin CLI. Flags can also be set with `QUIVER_<FLAG>` environment variables
+//! `quiver`: one binary for the registry (control plane), the worker (data
+//! plane), dev mode, the bundled example MCP server and the admin CLI. Flags can also be set with `QUIVER_<FLAG>` environment variables
 //! and in a TOML config file (`--config`); flags win over env over file.
 
 mod cmd;
@@ -23,8 +23,12 @@ struct Cli {
 enum Command {
     /// Run the registry (control plane): gRPC, REST admin API, mcp.d bootstrap.
     Registry(cmd::registry::RegistryArgs),
-    /// Run everything locally on the embedded SQLite store, without credentials.
+    /// Run a worker (data plane): registry sync, MCP pool, tool API.
+    Worker(cmd::worker::WorkerArgs),
+    /// Run registry and worker in one process on the embedded SQLite store, without credentials.
     Dev(cmd::dev::DevArgs),
+    /// Serve the bundled example MCP server over stdio.
+    McpExample,
     /// Manage MCP server records over gRPC.
     Servers(cmd::servers::ServersArgs),
 }
@@ -34,7 +38,9 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Registry(args) => cmd::registry::run(args).await,
+        Command::Worker(args) => cmd::worker::run(args).await,
         Command::Dev(args) => cmd::dev::run(args).await,
+        Command::McpExample => cmd::mcp_example::run().await,
         Command::Servers(args) => cmd::servers::run(args).await,
     };
     match result {

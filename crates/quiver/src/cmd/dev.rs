@@ -1,17 +1,24 @@
-//! `quiver dev`: the whole system on one machine, offline, with no set-up:
-//! the registry on the embedded SQLite store, `config/mcp.d` loaded, and no
-//! credentials (loopback only, announced in the start-up banner).
+//! `quiver dev`: the whole system in one process, offline, with no set-up:
+//! the registry on the embedded SQLite store with `config/mcp.d` loaded
+//! (including the bundled example MCP server, `quiver mcp-example`), and a
+//! worker following it. No credentials: loopback only, said in the banner.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use quiver_mcp::PoolOptions;
 use quiver_model::Strictness;
-use quiver_registry::RegistryOptions;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::state::McpDir;
+use quiver_registry::{Registry, RegistryOptions};
+use quiver_sync::SyncOptions;
+use quiver_worker::auth::CallersConfig;
+use quiver_worker::{Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
 
 use crate::telemetry::{self, LogFormat};
 
@@ -28,45 +35,107 @@ pub struct DevArgs {
     /// Directory of mcp.d server files.
     #[arg(long, env = "QUIVER_MCP_DIR", default_value = "config/mcp.d")]
     pub mcp_dir: PathBuf,
-    /// gRPC listen address (must be loopback).
+    /// Registry gRPC listen address (must be loopback).
     #[arg(long, env = "QUIVER_GRPC_LISTEN", default_value = "127.0.0.1:50051")]
     pub grpc_listen: SocketAddr,
-    /// HTTP listen address (must be loopback).
+    /// Registry HTTP listen address (must be loopback).
     #[arg(long, env = "QUIVER_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
     pub http_listen: SocketAddr,
+    /// Worker HTTP listen address (must be loopback).
+    #[arg(long, env = "QUIVER_WORKER_LISTEN", default_value = "127.0.0.1:8090")]
+    pub worker_listen: SocketAddr,
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+/// The worker's environment, with the directory of this binary first on
+/// `PATH`, so records whose command is `quiver` (the bundled example server)
+/// run this very build.
+fn env_with_own_dir_on_path() -> quiver_mcp::launch::EnvLookup {
+    let own_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.display().to_string()));
+    Arc::new(move |name| {
+        let value = std::env::var(name).ok();
+        match (name, &own_dir) {
+            ("PATH", Some(dir)) => Some(match value {
+                Some(path) if !path.is_empty() => format!("{dir}:{path}"),
+                _ => dir.clone(),
+            }),
+            _ => value,
+        }
+    })
 }
 
 /// Runs `quiver dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     super::registry::take_over_sighup();
     telemetry::init_logging(args.log_format);
+    let metrics = telemetry::init_metrics()?;
     let store = quiver_store::open(&args.database_url)
         .await
         .with_context(|| format!("opening {}", args.database_url))?;
-    let options = RegistryOptions {
-        grpc_listen: args.grpc_listen,
-        http_listen: args.http_listen,
-        auth: AuthConfig {
-            insecure_no_auth: true,
+    let shutdown = CancellationToken::new();
+    let registry = Registry::start(
+        store,
+        RegistryOptions {
+            grpc_listen: args.grpc_listen,
+            http_listen: args.http_listen,
+            auth: AuthConfig {
+                insecure_no_auth: true,
+                ..Default::default()
+            },
+            mcp_dir: Some(McpDir {
+                path: args.mcp_dir.clone(),
+                strictness: Strictness::Lenient,
+            }),
+            rescan_interval: Some(Duration::from_secs(5)),
+            metrics: Some(metrics.clone()),
             ..Default::default()
         },
-        mcp_dir: Some(McpDir {
-            path: args.mcp_dir.clone(),
-            strictness: Strictness::Lenient,
-        }),
-        rescan_interval: Some(Duration::from_secs(5)),
-        metrics: Some(telemetry::init_metrics()?),
-        ..Default::default()
-    };
+        shutdown.clone(),
+    )
+    .await?;
+    let worker = Worker::start(
+        WorkerOptions {
+            http_listen: args.worker_listen,
+            sync: SyncOptions {
+                registry_url: format!("http://{}", registry.grpc_addr()),
+                worker_id: "dev".to_owned(),
+                ..SyncOptions::default()
+            },
+            pool: PoolOptions {
+                env: env_with_own_dir_on_path(),
+                ..PoolOptions::default()
+            },
+            callers: CallersConfig {
+                insecure_no_auth: true,
+                ..Default::default()
+            },
+            warm_up: Vec::new(),
+            shutdown_grace: Duration::from_secs(5),
+            metrics: Some(metrics),
+        },
+        shutdown.clone(),
+    )
+    .await?;
     eprintln!(
-        "quiver dev: registry on {} with {} loaded\n  gRPC  http://{}   (quiver servers list)\n  HTTP  http://{}/admin/api/mcp/servers\n  AUTHENTICATION DISABLED (--insecure-no-auth): loopback only, every caller is admin",
-        args.database_url,
-        args.mcp_dir.display(),
-        args.grpc_listen,
-        args.http_listen,
+        "quiver dev: registry on {db} with {dir} loaded, and a worker\n  \
+         registry gRPC  http://{grpc}   (quiver servers list)\n  \
+         registry HTTP  http://{http}/admin/api/mcp/servers\n  \
+         worker   HTTP  http://{worker}/v1/mcp/tools\n  \
+         AUTHENTICATION DISABLED (--insecure-no-auth): loopback only, every caller is admin",
+        db = args.database_url,
+        dir = args.mcp_dir.display(),
+        grpc = registry.grpc_addr(),
+        http = registry.http_addr(),
+        worker = worker.http_addr(),
     );
-    super::registry::serve(store, options, "dev").await
+    tokio::spawn(super::registry::shutdown_on_signal(shutdown));
+    let (registry, worker) = tokio::join!(registry.run(), worker.run());
+    registry?;
+    worker?;
+    tracing::info!("quiver dev stopped");
+    Ok(())
 }

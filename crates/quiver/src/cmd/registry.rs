@@ -197,7 +197,7 @@ pub async fn serve(
     Ok(())
 }
 
-async fn shutdown_on_signal(shutdown: CancellationToken) {
+pub async fn shutdown_on_signal(shutdown: CancellationToken) {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {

@@ -1,0 +1,255 @@
+//! One live MCP client connection, on any of the three transports.
+//!
+//! Stdio children run in their own process group, with a minimal
+//! environment, stdout reserved for the protocol and stderr captured into a
+//! bounded tail for diagnostics; closing a connection kills the whole group
+//! and reaps it.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use process_wrap::tokio::{CommandWrap, ProcessGroup};
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::error::McpError;
+use crate::launch::{HttpLaunch, Launch, StdioLaunch};
+
+/// Lines of stderr kept per server.
+pub const STDERR_TAIL_LINES: usize = 50;
+/// Longest stderr line kept (longer lines are cut).
+const STDERR_LINE_MAX: usize = 1024;
+
+/// The last lines a server wrote to stderr, across restarts.
+#[derive(Debug, Clone, Default)]
+pub struct StderrTail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl StderrTail {
+    fn push(&self, line: &str) {
+        let line = crate::output::truncate_utf8(line, STDERR_LINE_MAX).to_owned();
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if lines.len() == STDERR_TAIL_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The kept lines, oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// The last few lines joined, for error messages.
+    pub fn summary(&self, last: usize) -> String {
+        let lines = self.lines();
+        lines[lines.len().saturating_sub(last)..].join(" | ")
+    }
+}
+
+/// Settings that apply to every connection.
+#[derive(Clone)]
+pub struct ConnectSettings {
+    /// Bound on spawning/connecting plus the `initialize` handshake.
+    pub initialize_timeout: Duration,
+    /// HTTP client shared by the HTTP transports.
+    pub http: reqwest::Client,
+    /// Parallel requests one HTTP connection may carry.
+    pub max_concurrent_requests: usize,
+}
+
+/// A connected, initialized MCP client.
+pub struct Connection {
+    peer: Peer<RoleClient>,
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    pid: Option<u32>,
+    /// Holds one of the worker's child-process slots while the child lives.
+    _child_slot: Option<OwnedSemaphorePermit>,
+    /// When the connection was established.
+    pub connected_at: Instant,
+}
+
+fn client_info() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+impl Connection {
+    /// Connects and initializes, within `settings.initialize_timeout`.
+    pub async fn open(
+        launch: &Launch,
+        settings: &ConnectSettings,
+        stderr: &StderrTail,
+        child_slot: Option<OwnedSemaphorePermit>,
+    ) -> Result<Self, McpError> {
+        let deadline = settings.initialize_timeout;
+        let connecting = async {
+            match launch {
+                Launch::Stdio(stdio) => Self::open_stdio(stdio, stderr).await,
+                Launch::StreamableHttp(http) => {
+                    let transport = streamable_http(http, settings)?;
+                    Ok((serve(client_info().serve(transport)).await?, None))
+                }
+                Launch::LegacySse(http) => {
+                    let transport = crate::legacy_sse::LegacySseClientTransport::connect(
+                        settings.http.clone(),
+                        parse_url(&http.url)?,
+                        header_map(&http.headers)?,
+                        deadline,
+                    )
+                    .await
+                    .map_err(|err| {
+                        McpError::Unavailable(format!("legacy sse connect failed: {err}"))
+                    })?;
+                    Ok((serve(client_info().serve(transport)).await?, None))
+                }
+            }
+        };
+        let (service, pid) = tokio::time::timeout(deadline, connecting)
+            .await
+            .map_err(|_| {
+                McpError::Unavailable(with_stderr(
+                    format!(
+                        "initialize did not complete within {} ms",
+                        deadline.as_millis()
+                    ),
+                    stderr,
+                ))
+            })?
+            .map_err(|err| match err {
+                McpError::Unavailable(message) => {
+                    McpError::Unavailable(with_stderr(message, stderr))
+                }
+                other => other,
+            })?;
+        Ok(Connection {
+            peer: service.peer().clone(),
+            service: tokio::sync::Mutex::new(Some(service)),
+            pid,
+            _child_slot: child_slot,
+            connected_at: Instant::now(),
+        })
+    }
+
+    async fn open_stdio(
+        launch: &StdioLaunch,
+        stderr_tail: &StderrTail,
+    ) -> Result<(RunningService<RoleClient, ClientConfig>, Option<u32>), McpError> {
+        let mut command = tokio::process::Command::new(&launch.command);
+        command.args(&launch.args).env_clear().envs(&launch.env);
+        if let Some(cwd) = &launch.cwd {
+            command.current_dir(cwd);
+        }
+        let mut wrapped = CommandWrap::from(command);
+        // Its own process group: closing kills the server and anything it spawned.
+        wrapped.wrap(ProcessGroup::leader());
+        let (transport, stderr) = TokioChildProcess::builder(wrapped)
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|err| {
+                McpError::Unavailable(format!("cannot start {:?}: {err}", launch.command))
+            })?;
+        let pid = transport.id();
+        if let Some(stderr) = stderr {
+            let tail = stderr_tail.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::debug!(target: "quiver::mcp::stderr", pid, line = %line);
+                    tail.push(&line);
+                }
+            });
+        }
+        Ok((serve(client_info().serve(transport)).await?, pid))
+    }
+
+    /// The client side of the connection (cheap to clone, multiplexes requests).
+    pub fn peer(&self) -> &Peer<RoleClient> {
+        &self.peer
+    }
+
+    /// The child's process id (stdio only).
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// Whether the transport is gone (child exited, HTTP session ended).
+    pub fn is_closed(&self) -> bool {
+        self.peer.is_transport_closed()
+    }
+
+    /// Closes the connection; for stdio, terminates and reaps the process group.
+    pub async fn close(&self) {
+        let service = self.service.lock().await.take();
+        if let Some(mut service) = service {
+            // The child transport sends SIGTERM, waits, then kills the group.
+            let _ = service.close_with_timeout(Duration::from_secs(5)).await;
+        }
+    }
+}
+
+async fn serve<E: std::fmt::Display>(
+    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ClientConfig>, E>>,
+) -> Result<RunningService<RoleClient, ClientConfig>, McpError> {
+    serving
+        .await
+        .map_err(|err| McpError::Unavailable(format!("initialize failed: {err}")))
+}
+
+fn with_stderr(message: String, stderr: &StderrTail) -> String {
+    let tail = stderr.summary(5);
+    if tail.is_empty() {
+        message
+    } else {
+        format!("{message}; stderr: {tail}")
+    }
+}
+
+fn parse_url(url: &str) -> Result<url::Url, McpError> {
+    url::Url::parse(url).map_err(|err| McpError::Unavailable(format!("invalid url {url:?}: {err}")))
+}
+
+fn header_map(
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<reqwest::header::HeaderMap, McpError> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|err| McpError::Unavailable(format!("http.headers.{name}: {err}")))?;
+        let value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|err| McpError::Unavailable(format!("http.headers.{name}: {err}")))?;
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+fn streamable_http(
+    http: &HttpLaunch,
+    settings: &ConnectSettings,
+) -> Result<StreamableHttpClientTransport<reqwest::Client>, McpError> {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(http.url.clone());
+    config.custom_headers = header_map(&http.headers)?
+        .into_iter()
+        .filter_map(|(k, v)| Some((k?, v)))
+        .collect();
+    config.max_concurrent_requests = settings.max_concurrent_requests.max(1);
+    Ok(StreamableHttpClientTransport::with_client(
+        settings.http.clone(),
+        config,
+    ))
+}

@@ -1,0 +1,35 @@
+//! Errors of MCP calls, with the codes of SPEC §10.
+
+/// Why an MCP operation failed. Every variant maps to one §10 error code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum McpError {
+    /// The server cannot be reached, failed to start, crashed, or the
+    /// worker-wide limits leave no room.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The call exceeded `tool_timeout_ms`; the server was sent a cancellation.
+    #[error("tool call timed out after {0} ms")]
+    Timeout(u64),
+    /// The arguments were rejected (not a JSON object, or refused by the server as invalid params).
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// The server answered with a JSON-RPC error other than invalid params.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl McpError {
+    /// The §10 error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            McpError::Unavailable(_) | McpError::Protocol(_) => "mcp_unavailable",
+            McpError::Timeout(_) => "mcp_timeout",
+            McpError::InvalidArguments(_) => "mcp_invalid_arguments",
+        }
+    }
+
+    /// Whether retrying the same call later may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, McpError::Unavailable(_) | McpError::Timeout(_))
+    }
+}

@@ -1,0 +1,16 @@
+//! The worker's MCP clients (SPEC §7): a pool of warm, budgeted connections
+//! over the official `rmcp` SDK on three transports — stdio child processes,
+//! streamable HTTP, and the legacy HTTP+SSE transport ([`legacy_sse`],
+//! implemented here as an rmcp transport, since rmcp no longer ships one).
+
+pub mod connection;
+mod error;
+pub mod launch;
+pub mod legacy_sse;
+pub mod output;
+mod pool;
+mod tools;
+
+pub use error::McpError;
+pub use pool::{CallOutcome, HealthState, McpPool, PoolOptions, ServerHealth};
+pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};

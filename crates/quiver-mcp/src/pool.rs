@@ -1,0 +1,679 @@
+//! The worker's pool of MCP connections (R-MCP-2…5, R-MCP-7).
+//!
+//! One entry per server id holds at most one live connection (shared
+//! isolation), multiplexing every call of every session. Connections open
+//! lazily on first use (or by warm-up), close after an idle period, and are
+//! re-opened after a crash; consecutive failures to connect back off
+//! exponentially with jitter, so a broken server costs one fast error per
+//! call instead of a spawn per call. Every failure stays inside its entry:
+//! other servers never wait on it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use quiver_model::{McpServerSpec, StoredServer};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::ServiceError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::{ConnectSettings, Connection, StderrTail};
+use crate::error::McpError;
+use crate::launch::{EnvLookup, Launch, launch, process_env};
+use crate::output::{OutputSize, enforce_cap};
+use crate::tools::ToolsCache;
+
+/// Worker-wide pool settings.
+#[derive(Clone)]
+pub struct PoolOptions {
+    /// Calls in flight at once across all servers.
+    pub max_inflight_calls: usize,
+    /// Stdio child processes alive at once.
+    pub max_child_processes: usize,
+    /// Bound on connecting plus `initialize`.
+    pub initialize_timeout: Duration,
+    /// Connections unused this long are closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// How long a `tools/list` result is reused.
+    pub tools_ttl: Duration,
+    /// How long a failed `tools/list` is remembered (stampede protection).
+    pub tools_negative_ttl: Duration,
+    /// First delay after a failed connect; doubles per failure.
+    pub restart_backoff_min: Duration,
+    /// Cap of the restart delay.
+    pub restart_backoff_max: Duration,
+    /// Where `${ENV:…}` and the children's base environment come from.
+    pub env: EnvLookup,
+    /// HTTP client of the HTTP transports.
+    pub http: reqwest::Client,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            max_inflight_calls: 1024,
+            max_child_processes: 64,
+            initialize_timeout: Duration::from_secs(20),
+            idle_timeout: Some(Duration::from_secs(600)),
+            tools_ttl: Duration::from_secs(300),
+            tools_negative_ttl: Duration::from_secs(2),
+            restart_backoff_min: Duration::from_millis(250),
+            restart_backoff_max: Duration::from_secs(30),
+            env: process_env(),
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
+/// Connection state of one server, as reported to the registry (R-MCP-5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthState {
+    /// Never connected yet (lazy).
+    Idle,
+    /// A live connection.
+    Connected,
+    /// Live, but recent calls or restarts failed.
+    Degraded,
+    /// Cannot connect (waiting out a backoff), or its record cannot be launched here.
+    Down,
+}
+
+/// Health of one server on this worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerHealth {
+    /// The server.
+    pub server_id: String,
+    /// State.
+    pub state: HealthState,
+    /// Last error seen.
+    pub last_error: Option<String>,
+    /// Connections opened after the first one.
+    pub reconnects: u64,
+    /// Tools in the cached list, when known.
+    pub tool_count: Option<usize>,
+    /// Median of recent call latencies.
+    pub p50_latency_ms: Option<f64>,
+    /// Pid of the live stdio child.
+    pub pid: Option<u32>,
+    /// Last stderr lines of the server.
+    pub stderr_tail: Vec<String>,
+}
+
+/// A finished `tools/call`.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// The server's result, with the output cap applied.
+    pub result: CallToolResult,
+    /// Output size before and after the cap.
+    pub output: OutputSize,
+    /// Time spent, queueing included.
+    pub duration: Duration,
+}
+
+const LATENCY_WINDOW: usize = 64;
+
+/// Mutable state of one entry's connection slot.
+#[derive(Default)]
+struct Slot {
+    connection: Option<Arc<Connection>>,
+    /// Consecutive failed connects.
+    failures: u32,
+    /// Delays of the current run of failures; reset by a successful connect.
+    backoff: Option<backon::ExponentialBackoff>,
+    /// No new connect attempt before this instant.
+    retry_at: Option<Instant>,
+    last_error: Option<String>,
+    connects: u64,
+}
+
+struct Entry {
+    /// The record; replaced in place when a change keeps the connection.
+    server: ArcSwap<StoredServer>,
+    launch: Result<Launch, McpError>,
+    slot: tokio::sync::Mutex<Slot>,
+    /// A copy of the slot's connection for lock-free fast paths and health.
+    live: Mutex<Option<Arc<Connection>>>,
+    /// `max_concurrency` permits; replaced when the budget changes (calls in
+    /// flight keep the permits of the old one).
+    calls: ArcSwap<Semaphore>,
+    tools: ToolsCache,
+    stderr: StderrTail,
+    last_used: Mutex<Instant>,
+    last_error: Mutex<Option<String>>,
+    recent_failures: AtomicU64,
+    latencies: Mutex<std::collections::VecDeque<f64>>,
+}
+
+impl Entry {
+    fn new(server: Arc<StoredServer>, options: &PoolOptions) -> Self {
+        Entry {
+            launch: launch(&server.spec, &options.env),
+            calls: ArcSwap::from_pointee(call_slots(&server.spec)),
+            server: ArcSwap::new(server),
+            slot: tokio::sync::Mutex::new(Slot::default()),
+            live: Mutex::new(None),
+            tools: ToolsCache::default(),
+            stderr: StderrTail::default(),
+            last_used: Mutex::new(Instant::now()),
+            last_error: Mutex::new(None),
+            recent_failures: AtomicU64::new(0),
+            latencies: Mutex::new(std::collections::VecDeque::with_capacity(LATENCY_WINDOW)),
+        }
+    }
+
+    /// Takes a newer record that needs no new connection.
+    fn update(&self, server: &Arc<StoredServer>) {
+        let old = self.server.swap(server.clone());
+        if old.spec.budgets.max_concurrency != server.spec.budgets.max_concurrency {
+            self.calls.store(Arc::new(call_slots(&server.spec)));
+        }
+        self.tools.clear();
+    }
+
+    fn server_id(&self) -> String {
+        self.server.load().spec.server_id.clone()
+    }
+
+    fn set_error(&self, error: &McpError) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn record_latency(&self, duration: Duration) {
+        let mut latencies = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
+        if latencies.len() == LATENCY_WINDOW {
+            latencies.pop_front();
+        }
+        latencies.push_back(duration.as_secs_f64() * 1000.0);
+    }
+
+    fn p50(&self) -> Option<f64> {
+        let latencies = self.latencies.lock().unwrap_or_else(|p| p.into_inner());
+        if latencies.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<f64> = latencies.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        Some(sorted[sorted.len() / 2])
+    }
+
+    /// Forgets a connection that died (if it is still the current one).
+    async fn discard(&self, dead: &Arc<Connection>) {
+        let mut slot = self.slot.lock().await;
+        if slot
+            .connection
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, dead))
+        {
+            slot.connection = None;
+            *self.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        drop(slot);
+        dead.close().await;
+    }
+}
+
+struct PoolInner {
+    options: PoolOptions,
+    entries: Mutex<HashMap<String, Arc<Entry>>>,
+    inflight: Arc<Semaphore>,
+    children: Arc<Semaphore>,
+    shutdown: CancellationToken,
+}
+
+/// Handle to the pool; cheap to clone.
+#[derive(Clone)]
+pub struct McpPool {
+    inner: Arc<PoolInner>,
+}
+
+/// Restart delays: exponential with jitter (so many workers do not restart
+/// a shared server in lockstep), capped, never giving up.
+fn restart_backoff(options: &PoolOptions) -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(options.restart_backoff_min)
+        .with_max_delay(options.restart_backoff_max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+fn call_slots(spec: &McpServerSpec) -> Semaphore {
+    Semaphore::new((spec.budgets.max_concurrency as usize).max(1))
+}
+
+/// Whether two records need different connections.
+fn same_connection(a: &McpServerSpec, b: &McpServerSpec) -> bool {
+    a.transport == b.transport
+        && a.stdio == b.stdio
+        && a.http == b.http
+        && a.isolation == b.isolation
+}
+
+impl McpPool {
+    /// An empty pool; the idle reaper runs until [`McpPool::shutdown`].
+    pub fn new(options: PoolOptions) -> Self {
+        let inner = Arc::new(PoolInner {
+            inflight: Arc::new(Semaphore::new(options.max_inflight_calls.max(1))),
+            children: Arc::new(Semaphore::new(options.max_child_processes.max(1))),
+            options,
+            entries: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        if let Some(idle) = inner.options.idle_timeout {
+            tokio::spawn(reap_idle(
+                Arc::downgrade(&inner),
+                idle,
+                inner.shutdown.clone(),
+            ));
+        }
+        McpPool { inner }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        self.inner.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry serving `server`, created or brought up to its revision.
+    fn entry(&self, server: &Arc<StoredServer>) -> Arc<Entry> {
+        let (entry, retired) = {
+            let mut entries = self.entries();
+            self.reconcile(&mut entries, server)
+        };
+        if let Some(retired) = retired {
+            retire(retired);
+        }
+        entry
+    }
+
+    /// Makes the entry of `server` current: a newer record that keeps the
+    /// connection settings updates the entry in place; one that changes them
+    /// replaces the entry, whose old connection is returned for retiring.
+    fn reconcile(
+        &self,
+        entries: &mut HashMap<String, Arc<Entry>>,
+        server: &Arc<StoredServer>,
+    ) -> (Arc<Entry>, Option<Arc<Entry>>) {
+        let id = &server.spec.server_id;
+        if let Some(entry) = entries.get(id) {
+            let current = entry.server.load();
+            if current.revision >= server.revision {
+                return (entry.clone(), None);
+            }
+            if same_connection(&current.spec, &server.spec) {
+                entry.update(server);
+                return (entry.clone(), None);
+            }
+        }
+        let entry = Arc::new(Entry::new(server.clone(), &self.inner.options));
+        let retired = entries.insert(id.clone(), entry.clone());
+        (entry, retired)
+    }
+
+    /// Applies a new registry snapshot (R-SYNC-6): servers that are gone or
+    /// disabled are closed, servers whose connection settings changed are
+    /// restarted (calls in flight finish on the old connection), and the tool
+    /// caches of every changed server are dropped.
+    pub fn apply_snapshot(
+        &self,
+        servers: &BTreeMap<String, Arc<StoredServer>>,
+        changed: &BTreeSet<String>,
+    ) {
+        let mut retired = Vec::new();
+        {
+            let mut entries = self.entries();
+            entries.retain(|id, entry| {
+                let keep = servers.get(id).is_some_and(|s| s.spec.enabled);
+                if !keep {
+                    retired.push(entry.clone());
+                }
+                keep
+            });
+            for id in changed {
+                if let (true, Some(server)) = (entries.contains_key(id), servers.get(id)) {
+                    retired.extend(self.reconcile(&mut entries, server).1);
+                }
+            }
+        }
+        retired.into_iter().for_each(retire);
+    }
+
+    /// Returns the live connection of `entry`, opening one if needed.
+    async fn connection(&self, entry: &Arc<Entry>) -> Result<Arc<Connection>, McpError> {
+        if let Some(connection) = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            && !connection.is_closed()
+        {
+            return Ok(connection);
+        }
+        let launch = entry.launch.as_ref().map_err(Clone::clone)?;
+        // Single flight: concurrent callers wait for one connect.
+        let mut slot = entry.slot.lock().await;
+        if let Some(connection) = &slot.connection {
+            if !connection.is_closed() {
+                return Ok(connection.clone());
+            }
+            let dead = slot.connection.take();
+            if let Some(dead) = dead {
+                tokio::spawn(async move { dead.close().await });
+            }
+        }
+        if let Some(retry_at) = slot.retry_at
+            && Instant::now() < retry_at
+        {
+            return Err(McpError::Unavailable(format!(
+                "server is restarting after failures (retry in {} ms): {}",
+                retry_at
+                    .saturating_duration_since(Instant::now())
+                    .as_millis(),
+                slot.last_error.as_deref().unwrap_or("unknown error")
+            )));
+        }
+        let child_slot = match launch {
+            Launch::Stdio(_) => Some(self.inner.children.clone().try_acquire_owned().map_err(
+                |_| {
+                    McpError::Unavailable(format!(
+                        "worker child-process limit ({}) reached",
+                        self.inner.options.max_child_processes
+                    ))
+                },
+            )?),
+            _ => None,
+        };
+        let settings = ConnectSettings {
+            initialize_timeout: self.inner.options.initialize_timeout,
+            http: self.inner.options.http.clone(),
+            max_concurrent_requests: entry.server.load().spec.budgets.max_concurrency as usize,
+        };
+        let server_id = &entry.server_id();
+        match Connection::open(launch, &settings, &entry.stderr, child_slot).await {
+            Ok(connection) => {
+                let connection = Arc::new(connection);
+                slot.connects += 1;
+                slot.failures = 0;
+                slot.backoff = None;
+                slot.retry_at = None;
+                slot.connection = Some(connection.clone());
+                *entry.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+                metrics::counter!("mcp_server_connect_total", "server_id" => server_id.clone())
+                    .increment(1);
+                tracing::info!(server_id = %server_id, pid = connection.pid(), "mcp server connected");
+                Ok(connection)
+            }
+            Err(err) => {
+                slot.failures += 1;
+                let options = &self.inner.options;
+                let delay = slot
+                    .backoff
+                    .get_or_insert_with(|| restart_backoff(options))
+                    .next()
+                    .unwrap_or(options.restart_backoff_max);
+                slot.retry_at = Some(Instant::now() + delay);
+                slot.last_error = Some(err.to_string());
+                entry.set_error(&err);
+                tracing::warn!(server_id = %server_id, failures = slot.failures, error = %err, "mcp server connect failed");
+                Err(err)
+            }
+        }
+    }
+
+    /// Connects a server ahead of its first call and loads its tools.
+    pub async fn warm_up(&self, server: &Arc<StoredServer>) -> Result<(), McpError> {
+        self.list_tools(server).await.map(|_| ())
+    }
+
+    /// The server's tools: cached with a TTL, failures cached briefly, and
+    /// concurrent misses sharing one fetch (R-MCP-4). Follows pagination.
+    pub async fn list_tools(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {
+        let entry = self.entry(server);
+        let options = &self.inner.options;
+        let fetch = {
+            let entry = entry.clone();
+            let pool = self.clone();
+            async move {
+                let connection = pool.connection(&entry).await?;
+                entry.touch();
+                match connection.peer().list_all_tools().await {
+                    Ok(tools) => Ok(Arc::new(tools)),
+                    Err(err) => {
+                        let err = map_service_error(err, 0);
+                        if connection.is_closed() {
+                            entry.discard(&connection).await;
+                        }
+                        entry.set_error(&err);
+                        Err(err)
+                    }
+                }
+            }
+        };
+        entry
+            .tools
+            .get_or_fetch(options.tools_ttl, options.tools_negative_ttl, fetch)
+            .await
+    }
+
+    /// Calls a tool within the server's budgets: the worker-wide in-flight
+    /// cap, the server's `max_concurrency`, `tool_timeout_ms` (a timed-out
+    /// call is cancelled on the server) and `max_tool_output_bytes`.
+    pub async fn call_tool(
+        &self,
+        server: &Arc<StoredServer>,
+        tool: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<CallOutcome, McpError> {
+        let started = Instant::now();
+        let entry = self.entry(server);
+        let budgets = entry.server.load().spec.budgets;
+        let timeout = Duration::from_millis(budgets.tool_timeout_ms);
+        let server_id = entry.server_id();
+        let result = async {
+            // Waiting for room counts against the same budget as the call.
+            let permits = tokio::time::timeout(
+                timeout,
+                acquire_both(&self.inner.inflight, &entry.calls.load_full()),
+            )
+            .await
+            .map_err(|_| {
+                McpError::Unavailable(format!(
+                    "no call slot within {} ms (max_concurrency = {})",
+                    budgets.tool_timeout_ms, budgets.max_concurrency
+                ))
+            })??;
+            let connection = self.connection(&entry).await?;
+            entry.touch();
+            let mut params = CallToolRequestParams::new(tool.to_owned());
+            params.arguments = arguments;
+            let remaining = timeout.saturating_sub(started.elapsed());
+            // Dropping the request future on timeout makes rmcp send
+            // notifications/cancelled, so the server stops working on it.
+            let called = tokio::time::timeout(remaining, connection.peer().call_tool(params)).await;
+            drop(permits);
+            match called {
+                Err(_) => Err(McpError::Timeout(budgets.tool_timeout_ms)),
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(err)) => {
+                    let err = map_service_error(err, budgets.tool_timeout_ms);
+                    if connection.is_closed() {
+                        entry.discard(&connection).await;
+                    }
+                    Err(err)
+                }
+            }
+        }
+        .await;
+        let duration = started.elapsed();
+        match result {
+            Ok(mut result) => {
+                let output = enforce_cap(&mut result, budgets.max_tool_output_bytes as usize);
+                entry.record_latency(duration);
+                entry.recent_failures.store(0, Ordering::Relaxed);
+                metrics::histogram!("mcp_tool_call_output_bytes", "server_id" => server_id, "tool" => tool.to_owned())
+                    .record(output.original as f64);
+                Ok(CallOutcome {
+                    result,
+                    output,
+                    duration,
+                })
+            }
+            Err(err) => {
+                entry.recent_failures.fetch_add(1, Ordering::Relaxed);
+                entry.set_error(&err);
+                Err(err)
+            }
+        }
+    }
+
+    /// Health of every server the pool knows (R-MCP-5).
+    pub fn health(&self) -> Vec<ServerHealth> {
+        let entries: Vec<_> = self.entries().values().cloned().collect();
+        let mut health: Vec<_> = entries
+            .iter()
+            .map(|entry| {
+                let live = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let slot = entry.slot.try_lock().ok();
+                let backing_off = slot
+                    .as_ref()
+                    .and_then(|s| s.retry_at)
+                    .is_some_and(|at| Instant::now() < at);
+                let state = match (&entry.launch, &live) {
+                    (Err(_), _) => HealthState::Down,
+                    (_, Some(c)) if !c.is_closed() => {
+                        if entry.recent_failures.load(Ordering::Relaxed) > 0 {
+                            HealthState::Degraded
+                        } else {
+                            HealthState::Connected
+                        }
+                    }
+                    _ if backing_off => HealthState::Down,
+                    _ => HealthState::Idle,
+                };
+                let last_error = match &entry.launch {
+                    Err(err) => Some(err.to_string()),
+                    Ok(_) => entry
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone(),
+                };
+                ServerHealth {
+                    server_id: entry.server_id(),
+                    state,
+                    last_error,
+                    reconnects: slot.map_or(0, |s| s.connects.saturating_sub(1)),
+                    tool_count: entry.tools.cached_len(),
+                    p50_latency_ms: entry.p50(),
+                    pid: live.as_ref().and_then(|c| c.pid()),
+                    stderr_tail: entry.stderr.lines(),
+                }
+            })
+            .collect();
+        health.sort_by(|a, b| a.server_id.cmp(&b.server_id));
+        health
+    }
+
+    /// Number of stdio children alive.
+    pub fn child_processes(&self) -> usize {
+        self.inner.options.max_child_processes.max(1) - self.inner.children.available_permits()
+    }
+
+    /// Closes every connection and kills every child process group.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        let entries: Vec<_> = self.entries().drain().map(|(_, entry)| entry).collect();
+        let closing = entries.into_iter().filter_map(|entry| {
+            let connection = entry.live.lock().unwrap_or_else(|p| p.into_inner()).take();
+            connection.map(|connection| async move { connection.close().await })
+        });
+        futures::future::join_all(closing).await;
+    }
+}
+
+/// Closes a replaced or removed entry's connection once the calls in flight
+/// on it are done, so they are never cut off.
+fn retire(entry: Arc<Entry>) {
+    tokio::spawn(async move {
+        let connection = entry.live.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(connection) = connection {
+            let calls = entry.calls.load_full();
+            let all = (entry.server.load().spec.budgets.max_concurrency).max(1);
+            let _drained = calls.acquire_many(all).await;
+            connection.close().await;
+        }
+    });
+}
+
+async fn acquire_both(
+    inflight: &Arc<Semaphore>,
+    calls: &Arc<Semaphore>,
+) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), McpError> {
+    let closed = |_| McpError::Unavailable("worker is shutting down".into());
+    let server = calls.clone().acquire_owned().await.map_err(closed)?;
+    let worker = inflight.clone().acquire_owned().await.map_err(closed)?;
+    Ok((server, worker))
+}
+
+/// Maps rmcp's errors to the §10 codes.
+fn map_service_error(err: ServiceError, timeout_ms: u64) -> McpError {
+    match err {
+        ServiceError::McpError(error) if error.code == rmcp::model::ErrorCode::INVALID_PARAMS => {
+            McpError::InvalidArguments(error.message.to_string())
+        }
+        ServiceError::McpError(error) => {
+            McpError::Protocol(format!("server error {}: {}", error.code.0, error.message))
+        }
+        ServiceError::Timeout { .. } => McpError::Timeout(timeout_ms),
+        ServiceError::TransportClosed => {
+            McpError::Unavailable("connection to the server closed (it may have crashed)".into())
+        }
+        other => McpError::Unavailable(other.to_string()),
+    }
+}
+
+async fn reap_idle(pool: std::sync::Weak<PoolInner>, idle: Duration, shutdown: CancellationToken) {
+    let mut timer =
+        tokio::time::interval((idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30)));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = timer.tick() => {}
+        }
+        let Some(pool) = pool.upgrade() else { return };
+        let entries: Vec<_> = pool
+            .entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for entry in entries {
+            let unused_for = entry
+                .last_used
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed();
+            let budget = entry.server.load().spec.budgets.max_concurrency as usize;
+            let idle_calls = entry.calls.load().available_permits() == budget.max(1);
+            if unused_for < idle || !idle_calls {
+                continue;
+            }
+            let connection = {
+                let Ok(mut slot) = entry.slot.try_lock() else {
+                    continue;
+                };
+                *entry.live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                slot.connection.take()
+            };
+            if let Some(connection) = connection {
+                tracing::info!(server_id = %entry.server_id(), "closing idle mcp connection");
+                connection.close().await;
+            }
+        }
+    }
+}

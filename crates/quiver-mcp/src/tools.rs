@@ -1,0 +1,139 @@
+//! The per-server `tools/list` cache (R-MCP-4): results live for a TTL,
+//! failures for a short negative TTL (so a broken server is not hammered by
+//! every request), and concurrent misses share one fetch.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::Tool;
+
+use crate::error::McpError;
+
+#[derive(Default)]
+enum State {
+    #[default]
+    Empty,
+    Fresh(Arc<Vec<Tool>>, Instant),
+    Failed(McpError, Instant),
+}
+
+/// Cache of one server's tool list.
+#[derive(Default)]
+pub struct ToolsCache {
+    state: Mutex<State>,
+    /// Held while fetching: the single flight.
+    flight: tokio::sync::Mutex<()>,
+    /// Bumped by [`ToolsCache::clear`], so a fetch that started before an
+    /// invalidation does not store its stale result.
+    generation: AtomicU64,
+}
+
+impl ToolsCache {
+    fn lookup(
+        &self,
+        ttl: Duration,
+        negative_ttl: Duration,
+    ) -> Option<Result<Arc<Vec<Tool>>, McpError>> {
+        match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            State::Fresh(tools, at) if at.elapsed() < ttl => Some(Ok(tools.clone())),
+            State::Failed(err, at) if at.elapsed() < negative_ttl => Some(Err(err.clone())),
+            _ => None,
+        }
+    }
+
+    /// The cached list, or the result of `fetch` (run by one caller at a time).
+    pub async fn get_or_fetch(
+        &self,
+        ttl: Duration,
+        negative_ttl: Duration,
+        fetch: impl Future<Output = Result<Arc<Vec<Tool>>, McpError>>,
+    ) -> Result<Arc<Vec<Tool>>, McpError> {
+        if let Some(hit) = self.lookup(ttl, negative_ttl) {
+            return hit;
+        }
+        let _flight = self.flight.lock().await;
+        // Whoever held the flight before us may have filled the cache.
+        if let Some(hit) = self.lookup(ttl, negative_ttl) {
+            return hit;
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let result = fetch.await;
+        if self.generation.load(Ordering::Acquire) == generation {
+            *self.state.lock().unwrap_or_else(|p| p.into_inner()) = match &result {
+                Ok(tools) => State::Fresh(tools.clone(), Instant::now()),
+                Err(err) => State::Failed(err.clone(), Instant::now()),
+            };
+        }
+        result
+    }
+
+    /// Drops whatever is cached.
+    pub fn clear(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Empty;
+    }
+
+    /// Number of cached tools, when a list is cached.
+    pub fn cached_len(&self) -> Option<usize> {
+        match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            State::Fresh(tools, _) => Some(tools.len()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(60);
+    const NEGATIVE: Duration = Duration::from_millis(100);
+
+    #[tokio::test]
+    async fn concurrent_misses_share_one_fetch() {
+        let cache = Arc::new(ToolsCache::default());
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let (cache, fetches) = (cache.clone(), fetches.clone());
+                tokio::spawn(async move {
+                    cache
+                        .get_or_fetch(TTL, NEGATIVE, async {
+                            fetches.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Ok(Arc::new(Vec::new()))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.cached_len(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn failures_are_cached_briefly_and_clear_invalidates() {
+        let cache = ToolsCache::default();
+        let fail = || async { Err(McpError::Unavailable("down".into())) };
+        assert!(cache.get_or_fetch(TTL, NEGATIVE, fail()).await.is_err());
+        // Within the negative TTL the fetch is not attempted again.
+        let hit = cache
+            .get_or_fetch(TTL, NEGATIVE, async { panic!("must not fetch") })
+            .await;
+        assert!(hit.is_err());
+        tokio::time::sleep(NEGATIVE).await;
+        let ok = cache
+            .get_or_fetch(TTL, NEGATIVE, async { Ok(Arc::new(Vec::new())) })
+            .await;
+        assert!(ok.is_ok());
+        cache.clear();
+        assert_eq!(cache.cached_len(), None);
+    }
+}

@@ -1,0 +1,1232 @@
+//! Which tools a request may use (R-FILTER-1/2, R-CHAT-1).
+//!
+//! Three layers, all of which must pass:
+//!
+//! 1. the record's `allowed_tools` / `denied_tools` (admin), matched against
+//!    the raw MCP tool name; an empty `allowed_tools` allows nothing;
+//! 2. the task policy (operator, per caller credential or task), whose
+//!    patterns match `<server_id>.<tool_name>`;
+//! 3. the session filter (caller, per request), same subject as the task.
+//!
+//! At the task and session layers an empty allowlist means "no further
+//! narrowing"; a deny match always removes. The session can only narrow: it
+//! selects servers among those the task allows, and its lists are applied in
+//! addition to the task's.
+//!
+//! [`evaluate`] is the one decision used for the registry's tool preview, the
+//! worker's tool listing and the worker's call routing, so the three never
+//! disagree.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::naming::{
+    MAX_INJECTED_NAME_LEN, NameError, ToolNameError, injected_name, qualified_name, quote,
+    transformed_tool_name, validate_tool_name,
+};
+use crate::pattern::{PatternError, PatternSet};
+use crate::record::McpServerSpec;
+use crate::validate::is_valid_server_id;
+
+/// Patterns together with their text, so a rejection can quote the pattern.
+#[derive(Debug, Clone)]
+struct NamedPatterns {
+    patterns: Vec<String>,
+    set: PatternSet,
+}
+
+impl NamedPatterns {
+    fn new(patterns: &[String]) -> Result<Self, PatternError> {
+        Ok(NamedPatterns {
+            patterns: patterns.to_vec(),
+            set: PatternSet::new(patterns)?,
+        })
+    }
+
+    /// Compiles one pattern at a time so the error names its index.
+    fn for_field(field: &str, patterns: &[String]) -> Result<Self, PolicyError> {
+        for (i, pattern) in patterns.iter().enumerate() {
+            if let Err(error) = PatternSet::new(std::slice::from_ref(pattern)) {
+                return Err(PolicyError::InvalidPattern {
+                    field: format!("{field}[{i}]"),
+                    error,
+                });
+            }
+        }
+        NamedPatterns::new(patterns).map_err(|error| PolicyError::InvalidPattern {
+            field: field.to_owned(),
+            error,
+        })
+    }
+
+    fn empty() -> Self {
+        NamedPatterns {
+            patterns: Vec::new(),
+            set: PatternSet::empty(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        self.set.matches(name)
+    }
+
+    /// The first matching pattern as written.
+    fn first_match(&self, name: &str) -> Option<String> {
+        if !self.set.matches(name) {
+            return None;
+        }
+        let index = self.set.first_match(name)?;
+        self.patterns.get(index).map(|p| quote(p))
+    }
+}
+
+/// A record's `allowed_tools` / `denied_tools`, compiled (layer 1).
+#[derive(Debug, Clone)]
+pub struct ServerToolFilter {
+    allowed: NamedPatterns,
+    denied: NamedPatterns,
+}
+
+impl ServerToolFilter {
+    /// Compiles the record's lists. Stored records were validated, so this
+    /// only fails for a record that skipped validation.
+    pub fn new(spec: &McpServerSpec) -> Result<Self, PatternError> {
+        Ok(ServerToolFilter {
+            allowed: NamedPatterns::new(&spec.allowed_tools)?,
+            denied: NamedPatterns::new(&spec.denied_tools)?,
+        })
+    }
+
+    /// Whether the raw tool name passes this layer; deny wins over allow.
+    pub fn check(&self, tool_name: &str) -> Result<(), RejectReason> {
+        if let Some(pattern) = self.denied.first_match(tool_name) {
+            return Err(RejectReason::DeniedByServer { pattern });
+        }
+        if !self.allowed.matches(tool_name) {
+            return Err(RejectReason::NotInAllowedTools);
+        }
+        Ok(())
+    }
+}
+
+/// The operator's policy for one caller or task (layer 2), as configured.
+///
+/// The default allows every enabled server and narrows nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskPolicy {
+    /// Servers this task may use; `None` means every enabled server, an
+    /// empty list means none.
+    pub allowed_server_ids: Option<Vec<String>>,
+    /// Servers used when the request names none; `None` means all the task
+    /// allows. Must be a subset of `allowed_server_ids`.
+    pub default_server_ids: Option<Vec<String>>,
+    /// Patterns over `<server_id>.<tool_name>`; empty: no further narrowing.
+    #[serde(alias = "task_tool_allowlist")]
+    pub tool_allowlist: Vec<String>,
+    /// Patterns over `<server_id>.<tool_name>` that always remove.
+    #[serde(alias = "task_tool_denylist")]
+    pub tool_denylist: Vec<String>,
+}
+
+impl TaskPolicy {
+    /// Checks and compiles the policy; errors name the offending field.
+    pub fn compile(&self) -> Result<CompiledTaskPolicy, PolicyError> {
+        let allowed_server_ids = server_id_set("allowed_server_ids", &self.allowed_server_ids)?;
+        let default_server_ids = server_id_set("default_server_ids", &self.default_server_ids)?;
+        if let (Some(allowed), Some(defaults)) = (&allowed_server_ids, &self.default_server_ids) {
+            for (i, id) in defaults.iter().enumerate() {
+                if !allowed.contains(id) {
+                    return Err(PolicyError::DefaultNotAllowed {
+                        field: format!("default_server_ids[{i}]"),
+                        server_id: quote(id),
+                    });
+                }
+            }
+        }
+        Ok(CompiledTaskPolicy {
+            allowed_server_ids,
+            default_server_ids,
+            allowlist: NamedPatterns::for_field("tool_allowlist", &self.tool_allowlist)?,
+            denylist: NamedPatterns::for_field("tool_denylist", &self.tool_denylist)?,
+        })
+    }
+}
+
+/// A checked [`TaskPolicy`].
+#[derive(Debug, Clone)]
+pub struct CompiledTaskPolicy {
+    allowed_server_ids: Option<BTreeSet<String>>,
+    default_server_ids: Option<BTreeSet<String>>,
+    allowlist: NamedPatterns,
+    denylist: NamedPatterns,
+}
+
+impl CompiledTaskPolicy {
+    /// A policy that allows every enabled server and narrows nothing, e.g.
+    /// for the registry's preview of what a record exposes.
+    pub fn unrestricted() -> Self {
+        CompiledTaskPolicy {
+            allowed_server_ids: None,
+            default_server_ids: None,
+            allowlist: NamedPatterns::empty(),
+            denylist: NamedPatterns::empty(),
+        }
+    }
+
+    /// Whether the task may use `server_id` at all.
+    pub fn allows_server(&self, server_id: &str) -> bool {
+        self.allowed_server_ids
+            .as_ref()
+            .is_none_or(|ids| ids.contains(server_id))
+    }
+
+    fn check_tool(&self, qualified: &str) -> Result<(), RejectReason> {
+        if let Some(pattern) = self.denylist.first_match(qualified) {
+            return Err(RejectReason::DeniedByTask { pattern });
+        }
+        if !self.allowlist.is_empty() && !self.allowlist.matches(qualified) {
+            return Err(RejectReason::NotInTaskAllowlist);
+        }
+        Ok(())
+    }
+}
+
+/// The caller's per-request choices (layer 3): the `mcp` extension of a chat
+/// request without its `enabled` flag.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionFilter {
+    /// Servers to use; `None` means the task's defaults, an empty list means
+    /// none. Naming a server the task does not allow is an error, see
+    /// [`check_session_within_task`].
+    pub server_ids: Option<Vec<String>>,
+    /// Patterns over `<server_id>.<tool_name>`; empty: no further narrowing.
+    pub tool_allowlist: Vec<String>,
+    /// Patterns over `<server_id>.<tool_name>` that always remove.
+    pub tool_denylist: Vec<String>,
+}
+
+impl SessionFilter {
+    /// Checks and compiles the filter; errors name the offending field.
+    pub fn compile(&self) -> Result<CompiledSessionFilter, PolicyError> {
+        Ok(CompiledSessionFilter {
+            server_ids: server_id_set("server_ids", &self.server_ids)?,
+            allowlist: NamedPatterns::for_field("tool_allowlist", &self.tool_allowlist)?,
+            denylist: NamedPatterns::for_field("tool_denylist", &self.tool_denylist)?,
+        })
+    }
+}
+
+/// A checked [`SessionFilter`].
+#[derive(Debug, Clone)]
+pub struct CompiledSessionFilter {
+    server_ids: Option<BTreeSet<String>>,
+    allowlist: NamedPatterns,
+    denylist: NamedPatterns,
+}
+
+impl CompiledSessionFilter {
+    fn check_tool(&self, qualified: &str) -> Result<(), RejectReason> {
+        if let Some(pattern) = self.denylist.first_match(qualified) {
+            return Err(RejectReason::DeniedBySession { pattern });
+        }
+        if !self.allowlist.is_empty() && !self.allowlist.matches(qualified) {
+            return Err(RejectReason::NotInSessionAllowlist);
+        }
+        Ok(())
+    }
+}
+
+fn server_id_set(
+    field: &str,
+    ids: &Option<Vec<String>>,
+) -> Result<Option<BTreeSet<String>>, PolicyError> {
+    let Some(ids) = ids else {
+        return Ok(None);
+    };
+    for (i, id) in ids.iter().enumerate() {
+        if !is_valid_server_id(id) {
+            return Err(PolicyError::InvalidServerId {
+                field: format!("{field}[{i}]"),
+                server_id: quote(id),
+            });
+        }
+    }
+    Ok(Some(ids.iter().cloned().collect()))
+}
+
+/// A task policy or session filter that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// A pattern does not compile.
+    #[error("{field}: {error}")]
+    InvalidPattern {
+        /// The offending entry, e.g. `tool_allowlist[2]`.
+        field: String,
+        /// What is wrong with the pattern.
+        error: PatternError,
+    },
+    /// A listed server id is not a valid server id.
+    #[error("{field}: {server_id:?} is not a valid server id (^[A-Za-z0-9][A-Za-z0-9_-]{{0,63}}$)")]
+    InvalidServerId {
+        /// The offending entry, e.g. `server_ids[0]`.
+        field: String,
+        /// The id as given, shortened when very long.
+        server_id: String,
+    },
+    /// A default server is outside the task's allowed servers.
+    #[error("{field}: server {server_id:?} is not in allowed_server_ids")]
+    DefaultNotAllowed {
+        /// The offending entry, e.g. `default_server_ids[1]`.
+        field: String,
+        /// The server id.
+        server_id: String,
+    },
+    /// The request names servers the task does not allow; a request cannot
+    /// widen the task policy.
+    #[error(
+        "server_ids: {} not allowed for this caller; the request cannot widen the task policy",
+        list_ids(.server_ids)
+    )]
+    ServersNotAllowed {
+        /// The servers named by the request but not allowed, sorted.
+        server_ids: Vec<String>,
+    },
+}
+
+impl PolicyError {
+    /// The field this error is about.
+    pub fn field(&self) -> &str {
+        match self {
+            PolicyError::InvalidPattern { field, .. }
+            | PolicyError::InvalidServerId { field, .. }
+            | PolicyError::DefaultNotAllowed { field, .. } => field,
+            PolicyError::ServersNotAllowed { .. } => "server_ids",
+        }
+    }
+}
+
+fn list_ids(ids: &[String]) -> String {
+    let quoted: Vec<String> = ids.iter().map(|id| format!("{id:?}")).collect();
+    match quoted.len() {
+        1 => format!("server {} is", quoted[0]),
+        _ => format!("servers {} are", quoted.join(", ")),
+    }
+}
+
+/// Refuses a session that names servers the task does not allow.
+///
+/// [`server_selected`] already keeps such servers out; this makes the attempt
+/// visible so the chat layer can refuse the request (403) instead of quietly
+/// using fewer servers than asked for.
+pub fn check_session_within_task(
+    task: &CompiledTaskPolicy,
+    session: &CompiledSessionFilter,
+) -> Result<(), PolicyError> {
+    let Some(requested) = &session.server_ids else {
+        return Ok(());
+    };
+    let refused: Vec<String> = requested
+        .iter()
+        .filter(|id| !task.allows_server(id))
+        .cloned()
+        .collect();
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(PolicyError::ServersNotAllowed {
+            server_ids: refused,
+        })
+    }
+}
+
+/// Why a tool is not injected. The `Display` text answers "why is this tool
+/// rejected" in the registry's tool preview and worker diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    /// The record is disabled.
+    #[error("server is disabled")]
+    ServerDisabled,
+    /// The record's server id is invalid (only possible for unvalidated records).
+    #[error("server id is invalid, so no injected name can be built")]
+    InvalidServerId,
+    /// The task policy does not allow this server.
+    #[error("server is not allowed by the task policy")]
+    ServerNotAllowedForTask,
+    /// The request (or, when it names none, the task's defaults) did not select this server.
+    #[error(
+        "server is not selected for this request (server_ids, or the task's default_server_ids)"
+    )]
+    ServerNotSelected,
+    /// The raw MCP tool name is invalid.
+    #[error("raw tool name is invalid: {0}")]
+    InvalidToolName(ToolNameError),
+    /// The name after the record's `transform` steps is invalid.
+    #[error("transformed tool name {name:?} is invalid: {error}")]
+    InvalidTransformedName {
+        /// The transformed name, shortened when very long.
+        name: String,
+        /// What is wrong with it.
+        error: ToolNameError,
+    },
+    /// The injected name would exceed the function-name limit.
+    #[error(
+        "injected name would be {len} characters long, at most {MAX_INJECTED_NAME_LEN} are allowed; shorten the server id or the tool name (transform)"
+    )]
+    InjectedNameTooLong {
+        /// Length the injected name would have.
+        len: usize,
+    },
+    /// No `allowed_tools` pattern of the record matches (empty allows nothing).
+    #[error(
+        "tool does not match the server's allowed_tools (an empty allowed_tools allows no tool)"
+    )]
+    NotInAllowedTools,
+    /// A `denied_tools` pattern of the record matches.
+    #[error("tool is denied by the server's denied_tools pattern {pattern:?}")]
+    DeniedByServer {
+        /// The first matching pattern.
+        pattern: String,
+    },
+    /// A task denylist pattern matches `<server_id>.<tool_name>`.
+    #[error("tool is denied by the task's tool_denylist pattern {pattern:?}")]
+    DeniedByTask {
+        /// The first matching pattern.
+        pattern: String,
+    },
+    /// The task allowlist is not empty and does not match.
+    #[error("tool does not match the task's tool_allowlist")]
+    NotInTaskAllowlist,
+    /// A session denylist pattern matches `<server_id>.<tool_name>`.
+    #[error("tool is denied by the request's tool_denylist pattern {pattern:?}")]
+    DeniedBySession {
+        /// The first matching pattern.
+        pattern: String,
+    },
+    /// The session allowlist is not empty and does not match.
+    #[error("tool does not match the request's tool_allowlist")]
+    NotInSessionAllowlist,
+    /// Several raw tools of the server have the same name after the record's
+    /// transforms; none of them is injected, whichever order the server lists them in.
+    #[error(
+        "tools {tools:?} all become {exposed_name:?} after the transform steps; none of them is injected"
+    )]
+    NameCollision {
+        /// The shared transformed name.
+        exposed_name: String,
+        /// The raw names involved, sorted.
+        tools: Vec<String>,
+    },
+}
+
+impl RejectReason {
+    /// A stable snake_case code for APIs, metrics and logs.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RejectReason::ServerDisabled => "server_disabled",
+            RejectReason::InvalidServerId => "invalid_server_id",
+            RejectReason::ServerNotAllowedForTask => "server_not_allowed_for_task",
+            RejectReason::ServerNotSelected => "server_not_selected",
+            RejectReason::InvalidToolName(_) => "invalid_tool_name",
+            RejectReason::InvalidTransformedName { .. } => "invalid_transformed_name",
+            RejectReason::InjectedNameTooLong { .. } => "injected_name_too_long",
+            RejectReason::NotInAllowedTools => "not_in_allowed_tools",
+            RejectReason::DeniedByServer { .. } => "denied_by_server",
+            RejectReason::DeniedByTask { .. } => "denied_by_task",
+            RejectReason::NotInTaskAllowlist => "not_in_task_allowlist",
+            RejectReason::DeniedBySession { .. } => "denied_by_session",
+            RejectReason::NotInSessionAllowlist => "not_in_session_allowlist",
+            RejectReason::NameCollision { .. } => "name_collision",
+        }
+    }
+}
+
+/// The outcome for one tool of one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The tool is injected.
+    Allowed {
+        /// `mcp__<b64(server_id)>__<b64(exposed_name)>`.
+        injected_name: String,
+        /// The tool name after the record's transforms (the raw name without any).
+        exposed_name: String,
+    },
+    /// The tool is not injected.
+    Rejected(RejectReason),
+}
+
+impl Decision {
+    /// Whether the tool is injected.
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Decision::Allowed { .. })
+    }
+
+    /// The injected name, when allowed.
+    pub fn injected_name(&self) -> Option<&str> {
+        match self {
+            Decision::Allowed { injected_name, .. } => Some(injected_name),
+            Decision::Rejected(_) => None,
+        }
+    }
+
+    /// The reason, when rejected.
+    pub fn reject_reason(&self) -> Option<&RejectReason> {
+        match self {
+            Decision::Allowed { .. } => None,
+            Decision::Rejected(reason) => Some(reason),
+        }
+    }
+}
+
+/// The server-level part of [`evaluate`], so callers can skip a server before
+/// listing its tools.
+///
+/// The request's `server_ids` select servers when given; otherwise the task's
+/// `default_server_ids`; otherwise every server the task allows. A selected
+/// server still needs the task's permission.
+pub fn server_selected(
+    spec: &McpServerSpec,
+    task: &CompiledTaskPolicy,
+    session: Option<&CompiledSessionFilter>,
+) -> Result<(), RejectReason> {
+    if !spec.enabled {
+        return Err(RejectReason::ServerDisabled);
+    }
+    if !is_valid_server_id(&spec.server_id) {
+        return Err(RejectReason::InvalidServerId);
+    }
+    if !task.allows_server(&spec.server_id) {
+        return Err(RejectReason::ServerNotAllowedForTask);
+    }
+    let selection = session
+        .and_then(|session| session.server_ids.as_ref())
+        .or(task.default_server_ids.as_ref());
+    if let Some(selected) = selection
+        && !selected.contains(&spec.server_id)
+    {
+        return Err(RejectReason::ServerNotSelected);
+    }
+    Ok(())
+}
+
+/// Whether raw tool `tool_name` of `spec` is injected for a request, and under
+/// which name.
+///
+/// `server_filter` must be compiled from `spec`. `session` is `None` when the
+/// decision is not about one request (registry preview). Checks run in this
+/// order, the first failure being the reason: server selection, raw-name
+/// validity, registry deny then allow, task deny then allowlist, session deny
+/// then allowlist, transformed-name validity, injected-name length. Filters
+/// see the raw name; the injected name encodes the transformed name (SPEC
+/// §13.3). Name collisions need the whole tool list: see [`evaluate_tools`].
+pub fn evaluate(
+    spec: &McpServerSpec,
+    server_filter: &ServerToolFilter,
+    task: &CompiledTaskPolicy,
+    session: Option<&CompiledSessionFilter>,
+    tool_name: &str,
+) -> Decision {
+    match decide(spec, server_filter, task, session, tool_name) {
+        Ok((injected_name, exposed_name)) => Decision::Allowed {
+            injected_name,
+            exposed_name,
+        },
+        Err(reason) => Decision::Rejected(reason),
+    }
+}
+
+fn decide(
+    spec: &McpServerSpec,
+    server_filter: &ServerToolFilter,
+    task: &CompiledTaskPolicy,
+    session: Option<&CompiledSessionFilter>,
+    tool_name: &str,
+) -> Result<(String, String), RejectReason> {
+    server_selected(spec, task, session)?;
+    validate_tool_name(tool_name).map_err(RejectReason::InvalidToolName)?;
+    server_filter.check(tool_name)?;
+    let qualified = qualified_name(&spec.server_id, tool_name);
+    task.check_tool(&qualified)?;
+    if let Some(session) = session {
+        session.check_tool(&qualified)?;
+    }
+    let exposed = exposed_name(spec, tool_name)?;
+    match injected_name(&spec.server_id, &exposed) {
+        Ok(injected) => Ok((injected, exposed)),
+        Err(NameError::TooLong { len }) => Err(RejectReason::InjectedNameTooLong { len }),
+        Err(NameError::InvalidServerId { .. }) => Err(RejectReason::InvalidServerId),
+        Err(NameError::InvalidToolName(error)) => Err(RejectReason::InvalidTransformedName {
+            name: quote(&exposed),
+            error,
+        }),
+    }
+}
+
+fn exposed_name(spec: &McpServerSpec, tool_name: &str) -> Result<String, RejectReason> {
+    let exposed = transformed_tool_name(&spec.transform, tool_name);
+    validate_tool_name(&exposed).map_err(|error| RejectReason::InvalidTransformedName {
+        name: quote(&exposed),
+        error,
+    })?;
+    Ok(exposed)
+}
+
+/// One tool's outcome in [`evaluate_tools`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolDecision {
+    /// The raw MCP tool name.
+    pub tool_name: String,
+    /// What happens to it.
+    pub decision: Decision,
+}
+
+/// [`evaluate`] for every tool a server lists, plus collision detection.
+///
+/// Returns one entry per distinct raw name, in first-listed order (a server
+/// listing a name twice lists one tool). Distinct raw names always encode to
+/// distinct injected names, but `transform` steps can map two raw names to one
+/// exposed name; every allowed tool whose exposed name is shared with another
+/// listed tool — allowed or not, so the outcome does not depend on the
+/// request's filters or the listing order — is rejected with
+/// [`RejectReason::NameCollision`] (SPEC §13.3: reported, not silently dropped).
+pub fn evaluate_tools<'a>(
+    spec: &McpServerSpec,
+    server_filter: &ServerToolFilter,
+    task: &CompiledTaskPolicy,
+    session: Option<&CompiledSessionFilter>,
+    tool_names: impl IntoIterator<Item = &'a str>,
+) -> Vec<ToolDecision> {
+    let mut seen = HashSet::new();
+    let mut decisions: Vec<ToolDecision> = tool_names
+        .into_iter()
+        .filter(|name| seen.insert(*name))
+        .map(|name| ToolDecision {
+            tool_name: name.to_owned(),
+            decision: evaluate(spec, server_filter, task, session, name),
+        })
+        .collect();
+    if spec.transform.is_empty() {
+        return decisions;
+    }
+    let mut by_exposed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for entry in &decisions {
+        if validate_tool_name(&entry.tool_name).is_ok() {
+            let exposed = transformed_tool_name(&spec.transform, &entry.tool_name);
+            by_exposed
+                .entry(exposed)
+                .or_default()
+                .push(entry.tool_name.clone());
+        }
+    }
+    for entry in &mut decisions {
+        let Decision::Allowed { exposed_name, .. } = &entry.decision else {
+            continue;
+        };
+        if let Some(tools) = by_exposed.get(exposed_name)
+            && tools.len() > 1
+        {
+            let mut tools = tools.clone();
+            tools.sort();
+            entry.decision = Decision::Rejected(RejectReason::NameCollision {
+                exposed_name: quote(exposed_name),
+                tools,
+            });
+        }
+    }
+    decisions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{PrefixOp, PrefixReplace, StdioConfig, TransformStep, Transport};
+
+    fn spec(server_id: &str, allowed: &[&str], denied: &[&str]) -> McpServerSpec {
+        let mut spec = McpServerSpec::new(server_id, Transport::Stdio);
+        spec.stdio = Some(StdioConfig {
+            command: "server".into(),
+            ..Default::default()
+        });
+        spec.allowed_tools = allowed.iter().map(|s| s.to_string()).collect();
+        spec.denied_tools = denied.iter().map(|s| s.to_string()).collect();
+        spec
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn task(allow: &[&str], deny: &[&str]) -> CompiledTaskPolicy {
+        TaskPolicy {
+            tool_allowlist: strings(allow),
+            tool_denylist: strings(deny),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap()
+    }
+
+    fn session(
+        server_ids: Option<&[&str]>,
+        allow: &[&str],
+        deny: &[&str],
+    ) -> CompiledSessionFilter {
+        SessionFilter {
+            server_ids: server_ids.map(strings),
+            tool_allowlist: strings(allow),
+            tool_denylist: strings(deny),
+        }
+        .compile()
+        .unwrap()
+    }
+
+    fn decide_one(
+        spec: &McpServerSpec,
+        task: &CompiledTaskPolicy,
+        session: Option<&CompiledSessionFilter>,
+        tool: &str,
+    ) -> Decision {
+        let filter = ServerToolFilter::new(spec).unwrap();
+        evaluate(spec, &filter, task, session, tool)
+    }
+
+    fn reason(
+        spec: &McpServerSpec,
+        task: &CompiledTaskPolicy,
+        session: Option<&CompiledSessionFilter>,
+        tool: &str,
+    ) -> RejectReason {
+        match decide_one(spec, task, session, tool) {
+            Decision::Rejected(reason) => reason,
+            allowed => panic!("{tool} unexpectedly allowed: {allowed:?}"),
+        }
+    }
+
+    fn allowed(
+        spec: &McpServerSpec,
+        task: &CompiledTaskPolicy,
+        session: Option<&CompiledSessionFilter>,
+        tool: &str,
+    ) -> bool {
+        decide_one(spec, task, session, tool).is_allowed()
+    }
+
+    #[test]
+    fn allowed_tools_get_their_injected_name() {
+        let fs = spec("fs", &["read_*"], &[]);
+        assert_eq!(
+            decide_one(&fs, &CompiledTaskPolicy::unrestricted(), None, "read_file"),
+            Decision::Allowed {
+                injected_name: "mcp__ZnM__cmVhZF9maWxl".into(),
+                exposed_name: "read_file".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn registry_layer_is_default_deny_and_deny_wins() {
+        let open = CompiledTaskPolicy::unrestricted();
+        let nothing = spec("fs", &[], &[]);
+        assert_eq!(
+            reason(&nothing, &open, None, "read_file"),
+            RejectReason::NotInAllowedTools
+        );
+        let fs = spec("fs", &["*"], &["write_*", "delete_*"]);
+        assert!(allowed(&fs, &open, None, "read_file"));
+        assert_eq!(
+            reason(&fs, &open, None, "delete_file"),
+            RejectReason::DeniedByServer {
+                pattern: "delete_*".into()
+            }
+        );
+        // Registry patterns see the raw name only, not `<server_id>.<tool>`.
+        let qualified = spec("fs", &["fs.*"], &[]);
+        assert_eq!(
+            reason(&qualified, &open, None, "read_file"),
+            RejectReason::NotInAllowedTools
+        );
+    }
+
+    #[test]
+    fn server_level_reasons() {
+        let open = CompiledTaskPolicy::unrestricted();
+        let mut disabled = spec("fs", &["*"], &[]);
+        disabled.enabled = false;
+        assert_eq!(
+            reason(&disabled, &open, None, "x"),
+            RejectReason::ServerDisabled
+        );
+
+        let bad_id = spec("has.dot", &["*"], &[]);
+        assert_eq!(
+            reason(&bad_id, &open, None, "x"),
+            RejectReason::InvalidServerId
+        );
+
+        let only_web = TaskPolicy {
+            allowed_server_ids: Some(strings(&["web"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap();
+        let fs = spec("fs", &["*"], &[]);
+        let web = spec("web", &["*"], &[]);
+        assert_eq!(
+            reason(&fs, &only_web, None, "x"),
+            RejectReason::ServerNotAllowedForTask
+        );
+        assert!(allowed(&web, &only_web, None, "x"));
+        assert_eq!(
+            server_selected(&fs, &only_web, None),
+            Err(RejectReason::ServerNotAllowedForTask)
+        );
+
+        let pick_web = session(Some(&["web"]), &[], &[]);
+        assert_eq!(
+            reason(&fs, &open, Some(&pick_web), "x"),
+            RejectReason::ServerNotSelected
+        );
+        assert!(allowed(&web, &open, Some(&pick_web), "x"));
+
+        let pick_none = session(Some(&[]), &[], &[]);
+        assert_eq!(
+            server_selected(&web, &open, Some(&pick_none)),
+            Err(RejectReason::ServerNotSelected)
+        );
+
+        let no_servers = TaskPolicy {
+            allowed_server_ids: Some(Vec::new()),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap();
+        assert_eq!(
+            server_selected(&web, &no_servers, None),
+            Err(RejectReason::ServerNotAllowedForTask)
+        );
+    }
+
+    #[test]
+    fn task_defaults_apply_only_when_the_request_names_no_server() {
+        let task = TaskPolicy {
+            allowed_server_ids: Some(strings(&["fs", "web", "db"])),
+            default_server_ids: Some(strings(&["fs"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap();
+        let fs = spec("fs", &["*"], &[]);
+        let web = spec("web", &["*"], &[]);
+        let db = spec("db", &["*"], &[]);
+        assert_eq!(server_selected(&fs, &task, None), Ok(()));
+        assert_eq!(
+            server_selected(&web, &task, None),
+            Err(RejectReason::ServerNotSelected)
+        );
+        let unspecified = session(None, &[], &[]);
+        assert_eq!(
+            server_selected(&web, &task, Some(&unspecified)),
+            Err(RejectReason::ServerNotSelected)
+        );
+        let picked = session(Some(&["web", "db"]), &[], &[]);
+        assert_eq!(server_selected(&web, &task, Some(&picked)), Ok(()));
+        assert_eq!(server_selected(&db, &task, Some(&picked)), Ok(()));
+        assert_eq!(
+            server_selected(&fs, &task, Some(&picked)),
+            Err(RejectReason::ServerNotSelected)
+        );
+
+        // Without defaults, everything the task allows.
+        let all = TaskPolicy {
+            allowed_server_ids: Some(strings(&["fs", "web"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap();
+        assert_eq!(server_selected(&web, &all, None), Ok(()));
+        assert_eq!(
+            server_selected(&db, &all, None),
+            Err(RejectReason::ServerNotAllowedForTask)
+        );
+    }
+
+    #[test]
+    fn session_cannot_widen_the_task() {
+        let task = TaskPolicy {
+            allowed_server_ids: Some(strings(&["fs", "web"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap();
+        check_session_within_task(&task, &session(None, &[], &[])).unwrap();
+        check_session_within_task(&task, &session(Some(&["web"]), &[], &[])).unwrap();
+        let err =
+            check_session_within_task(&task, &session(Some(&["shell", "fs", "db"]), &[], &[]))
+                .unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::ServersNotAllowed {
+                server_ids: strings(&["db", "shell"])
+            }
+        );
+        assert_eq!(err.field(), "server_ids");
+        let message = err.to_string();
+        assert!(
+            message.contains("\"db\"") && message.contains("\"shell\""),
+            "{message}"
+        );
+        assert!(message.contains("cannot widen"), "{message}");
+
+        // Even if the caller ignores the error, the server stays out.
+        let shell = spec("shell", &["*"], &[]);
+        let widen = session(Some(&["shell"]), &[], &[]);
+        assert_eq!(
+            reason(&shell, &task, Some(&widen), "run"),
+            RejectReason::ServerNotAllowedForTask
+        );
+        check_session_within_task(
+            &CompiledTaskPolicy::unrestricted(),
+            &session(Some(&["anything"]), &[], &[]),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn task_and_session_layers() {
+        let fs = spec("fs", &["*"], &["format_disk"]);
+        let web = spec("web", &["*"], &[]);
+
+        let task_deny = task(&[], &["*.delete*"]);
+        assert_eq!(
+            reason(&fs, &task_deny, None, "delete_file"),
+            RejectReason::DeniedByTask {
+                pattern: "*.delete*".into()
+            }
+        );
+        assert!(allowed(&fs, &task_deny, None, "read_file"));
+
+        let task_allow = task(&["fs.read_*", "*.search*"], &[]);
+        assert!(allowed(&fs, &task_allow, None, "read_file"));
+        assert!(allowed(&fs, &task_allow, None, "search_files"));
+        assert!(allowed(&web, &task_allow, None, "search"));
+        assert!(allowed(&web, &task_allow, None, "search_news"));
+        // `*.search*` needs `.search`: a tool merely containing "search" is out.
+        assert_eq!(
+            reason(&web, &task_allow, None, "deep_searcher"),
+            RejectReason::NotInTaskAllowlist
+        );
+        assert_eq!(
+            reason(&fs, &task_allow, None, "write_file"),
+            RejectReason::NotInTaskAllowlist
+        );
+        assert_eq!(
+            reason(&web, &task_allow, None, "read_page"),
+            RejectReason::NotInTaskAllowlist
+        );
+
+        let s_deny = session(None, &[], &["web.*"]);
+        assert_eq!(
+            reason(&web, &task_allow, Some(&s_deny), "search"),
+            RejectReason::DeniedBySession {
+                pattern: "web.*".into()
+            }
+        );
+        assert!(allowed(&fs, &task_allow, Some(&s_deny), "search_files"));
+
+        let s_allow = session(None, &["fs.read_*"], &[]);
+        assert!(allowed(&fs, &task_allow, Some(&s_allow), "read_file"));
+        assert_eq!(
+            reason(&fs, &task_allow, Some(&s_allow), "search_files"),
+            RejectReason::NotInSessionAllowlist
+        );
+    }
+
+    #[test]
+    fn layers_all_must_pass_and_deny_always_removes() {
+        // Registry allows everything but format_disk; task denies deletes;
+        // the session asks for fs.* and removes writes.
+        let fs = spec("fs", &["*"], &["format_disk"]);
+        let task_deny = task(&[], &["*.delete_*"]);
+        let layered = session(None, &["fs.*"], &["fs.write_*"]);
+        let s = Some(&layered);
+        assert!(allowed(&fs, &task_deny, s, "read_file"));
+        assert_eq!(
+            reason(&fs, &task_deny, s, "format_disk"),
+            RejectReason::DeniedByServer {
+                pattern: "format_disk".into()
+            }
+        );
+        assert_eq!(
+            reason(&fs, &task_deny, s, "delete_file"),
+            RejectReason::DeniedByTask {
+                pattern: "*.delete_*".into()
+            }
+        );
+        assert_eq!(
+            reason(&fs, &task_deny, s, "write_file"),
+            RejectReason::DeniedBySession {
+                pattern: "fs.write_*".into()
+            }
+        );
+
+        // A session allowlist cannot bring back what an earlier layer removed.
+        let narrow = spec("fs", &["read_*"], &[]);
+        let wide_session = session(None, &["*"], &[]);
+        assert_eq!(
+            reason(
+                &narrow,
+                &CompiledTaskPolicy::unrestricted(),
+                Some(&wide_session),
+                "write_file"
+            ),
+            RejectReason::NotInAllowedTools
+        );
+        let task_allow = task(&["fs.read_*"], &[]);
+        assert_eq!(
+            reason(&fs, &task_allow, Some(&wide_session), "list_dir"),
+            RejectReason::NotInTaskAllowlist
+        );
+    }
+
+    #[test]
+    fn name_reasons() {
+        let open = CompiledTaskPolicy::unrestricted();
+        let fs = spec("fs", &["*"], &[]);
+        assert_eq!(
+            reason(&fs, &open, None, "read file"),
+            RejectReason::InvalidToolName(ToolNameError::Whitespace { index: 4 })
+        );
+        assert_eq!(
+            reason(&fs, &open, None, ""),
+            RejectReason::InvalidToolName(ToolNameError::Empty)
+        );
+        let long_tool = "t".repeat(60);
+        assert_eq!(
+            reason(&fs, &open, None, &long_tool),
+            RejectReason::InjectedNameTooLong { len: 90 }
+        );
+        // Policy reasons come first: a denied long name is reported as denied.
+        let deny_long = spec("fs", &["*"], &["t*"]);
+        assert!(matches!(
+            reason(&deny_long, &open, None, &long_tool),
+            RejectReason::DeniedByServer { .. }
+        ));
+
+        let mut spaced = spec("fs", &["*"], &[]);
+        spaced.transform = vec![TransformStep::Suffix(" v2".into())];
+        assert_eq!(
+            reason(&spaced, &open, None, "read"),
+            RejectReason::InvalidTransformedName {
+                name: "read v2".into(),
+                error: ToolNameError::Whitespace { index: 4 },
+            }
+        );
+    }
+
+    #[test]
+    fn transforms_change_the_injected_name_not_the_filters() {
+        let mut pw = spec("pw", &["stock_*"], &[]);
+        pw.transform = vec![TransformStep::Prefix(PrefixOp::Replace(PrefixReplace {
+            remove: "stock_".into(),
+            add: "my_".into(),
+        }))];
+        let task = task(&["pw.stock_click"], &[]);
+        let decision = decide_one(&pw, &task, None, "stock_click");
+        assert_eq!(
+            decision,
+            Decision::Allowed {
+                injected_name: crate::naming::injected_name("pw", "my_click").unwrap(),
+                exposed_name: "my_click".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn collisions_after_transforms_are_reported() {
+        let mut pw = spec("pw", &["*"], &["internal_*"]);
+        pw.transform = vec![TransformStep::Prefix(PrefixOp::Replace(PrefixReplace {
+            remove: "stock_".into(),
+            add: String::new(),
+        }))];
+        let filter = ServerToolFilter::new(&pw).unwrap();
+        let open = CompiledTaskPolicy::unrestricted();
+        let decisions = evaluate_tools(
+            &pw,
+            &filter,
+            &open,
+            None,
+            ["stock_click", "click", "stock_type", "click", "bad name"],
+        );
+        let names: Vec<&str> = decisions.iter().map(|d| d.tool_name.as_str()).collect();
+        assert_eq!(names, ["stock_click", "click", "stock_type", "bad name"]);
+        let collision = Decision::Rejected(RejectReason::NameCollision {
+            exposed_name: "click".into(),
+            tools: strings(&["click", "stock_click"]),
+        });
+        assert_eq!(decisions[0].decision, collision);
+        assert_eq!(decisions[1].decision, collision);
+        assert_eq!(
+            decisions[2].decision.injected_name(),
+            Some("mcp__cHc__dHlwZQ")
+        );
+        assert!(matches!(
+            decisions[3].decision.reject_reason(),
+            Some(RejectReason::InvalidToolName(_))
+        ));
+
+        // A colliding sibling that the request filters out still blocks the
+        // name, so what a name means never depends on the request.
+        let only_click = session(None, &["pw.click"], &[]);
+        let decisions = evaluate_tools(
+            &pw,
+            &filter,
+            &open,
+            Some(&only_click),
+            ["stock_click", "click"],
+        );
+        assert_eq!(
+            decisions[0].decision,
+            Decision::Rejected(RejectReason::NotInSessionAllowlist)
+        );
+        assert_eq!(decisions[1].decision, collision);
+
+        // No transforms: no collisions, duplicates folded.
+        let plain = spec("fs", &["*"], &[]);
+        let filter = ServerToolFilter::new(&plain).unwrap();
+        let decisions = evaluate_tools(&plain, &filter, &open, None, ["a", "b", "a"]);
+        assert_eq!(decisions.len(), 2);
+        assert!(decisions.iter().all(|d| d.decision.is_allowed()));
+    }
+
+    #[test]
+    fn compile_errors_name_the_field() {
+        let err = TaskPolicy {
+            tool_allowlist: strings(&["fs.*", "*.search*", "[bad"]),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "tool_allowlist[2]");
+        assert!(err.to_string().starts_with("tool_allowlist[2]: "), "{err}");
+
+        let err = TaskPolicy {
+            tool_denylist: strings(&[""]),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "tool_denylist[0]");
+
+        let err = TaskPolicy {
+            allowed_server_ids: Some(strings(&["fs", "web"])),
+            default_server_ids: Some(strings(&["fs", "db"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "default_server_ids[1]");
+
+        let err = TaskPolicy {
+            allowed_server_ids: Some(strings(&["fs", "a.b"])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "allowed_server_ids[1]");
+
+        let err = SessionFilter {
+            server_ids: Some(strings(&["fs", ""])),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "server_ids[1]");
+
+        let err = SessionFilter {
+            tool_denylist: strings(&["ok", "{a"]),
+            ..Default::default()
+        }
+        .compile()
+        .unwrap_err();
+        assert_eq!(err.field(), "tool_denylist[1]");
+    }
+
+    #[test]
+    fn server_filter_rejects_unvalidated_patterns_without_panicking() {
+        let bad = spec("fs", &["[oops"], &[]);
+        assert!(ServerToolFilter::new(&bad).is_err());
+    }
+
+    #[test]
+    fn reasons_have_distinct_codes_and_messages() {
+        let reasons = [
+            RejectReason::ServerDisabled,
+            RejectReason::InvalidServerId,
+            RejectReason::ServerNotAllowedForTask,
+            RejectReason::ServerNotSelected,
+            RejectReason::InvalidToolName(ToolNameError::Empty),
+            RejectReason::InvalidTransformedName {
+                name: "x y".into(),
+                error: ToolNameError::Whitespace { index: 1 },
+            },
+            RejectReason::InjectedNameTooLong { len: 70 },
+            RejectReason::NotInAllowedTools,
+            RejectReason::DeniedByServer {
+                pattern: "p".into(),
+            },
+            RejectReason::DeniedByTask {
+                pattern: "p".into(),
+            },
+            RejectReason::NotInTaskAllowlist,
+            RejectReason::DeniedBySession {
+                pattern: "p".into(),
+            },
+            RejectReason::NotInSessionAllowlist,
+            RejectReason::NameCollision {
+                exposed_name: "x".into(),
+                tools: strings(&["a", "b"]),
+            },
+        ];
+        let codes: BTreeSet<&str> = reasons.iter().map(RejectReason::code).collect();
+        let messages: BTreeSet<String> = reasons.iter().map(ToString::to_string).collect();
+        assert_eq!(codes.len(), reasons.len());
+        assert_eq!(messages.len(), reasons.len());
+        for message in &messages {
+            assert!(!message.ends_with('.'), "{message}");
+            assert!(
+                message.chars().next().is_some_and(char::is_lowercase),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn policies_deserialize_from_config_and_requests() {
+        let task: TaskPolicy = toml::from_str(
+            r#"
+            allowed_server_ids = ["fs", "web"]
+            default_server_ids = ["fs"]
+            task_tool_allowlist = ["fs.read_*"]
+            task_tool_denylist = ["*.delete*"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(task.tool_allowlist, ["fs.read_*"]);
+        assert_eq!(task.tool_denylist, ["*.delete*"]);
+        task.compile().unwrap();
+
+        let session: SessionFilter =
+            serde_json::from_str(r#"{"server_ids": ["fs"], "tool_denylist": ["fs.write_*"]}"#)
+                .unwrap();
+        assert_eq!(session.server_ids, Some(strings(&["fs"])));
+        assert!(session.tool_allowlist.is_empty());
+        let empty: SessionFilter = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty, SessionFilter::default());
+    }
+}

@@ -1,0 +1,56 @@
+//! Bearer tokens (SPEC §12), shared by the registry and the worker.
+//!
+//! Only SHA-256 digests of configured tokens are kept, and a presented token
+//! is compared with them in constant time, so neither the content nor the
+//! length of a token leaks through timing.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// The digest of one configured token.
+#[derive(Clone)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    /// Digests `token`.
+    pub fn of(token: &str) -> Self {
+        TokenDigest(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Whether `presented` is the token, in constant time.
+    pub fn matches(&self, presented: &str) -> bool {
+        let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        bool::from(self.0.ct_eq(&presented))
+    }
+}
+
+impl std::fmt::Debug for TokenDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenDigest(<redacted>)")
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    authorization
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_only_the_token() {
+        let digest = TokenDigest::of("s3cret");
+        assert!(digest.matches("s3cret"));
+        assert!(!digest.matches("s3cret "));
+        assert!(!digest.matches(""));
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(None), None);
+    }
+}

@@ -1,0 +1,98 @@
+//! How the sync reaches and follows the registry.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::SyncError;
+
+/// Configuration of a [`crate::SyncService`].
+#[derive(Clone)]
+pub struct SyncOptions {
+    /// gRPC endpoint of the registry, e.g. `http://registry:50051`.
+    pub registry_url: String,
+    /// Worker token sent as `authorization: Bearer …`.
+    pub token: Option<String>,
+    /// Identity reported to the registry with `ReportWorkerStatus`.
+    pub worker_id: String,
+    /// Safety-net poll period, drawn uniformly from this range after every
+    /// poll so a fleet does not poll in lockstep (R-SYNC-3).
+    pub poll_interval: (Duration, Duration),
+    /// First reconnect delay (before jitter).
+    pub backoff_min: Duration,
+    /// Cap of the reconnect delay, jitter included.
+    pub backoff_max: Duration,
+    /// Period of status reports (R-SYNC-7).
+    pub report_interval: Duration,
+    /// TCP + HTTP/2 connect timeout.
+    pub connect_timeout: Duration,
+    /// Timeout of unary calls (list, get, report).
+    pub request_timeout: Duration,
+    /// A watch stream with no message (event or heartbeat) for this long is
+    /// treated as dead; about 3× the registry's heartbeat period.
+    pub stream_idle_timeout: Duration,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            registry_url: "http://127.0.0.1:50051".to_owned(),
+            token: None,
+            worker_id: String::new(),
+            poll_interval: (Duration::from_secs(30), Duration::from_secs(120)),
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            report_interval: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            stream_idle_timeout: Duration::from_secs(45),
+        }
+    }
+}
+
+// The token must not end up in logs.
+impl fmt::Debug for SyncOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SyncOptions")
+            .field("registry_url", &self.registry_url)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("worker_id", &self.worker_id)
+            .field("poll_interval", &self.poll_interval)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("report_interval", &self.report_interval)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("stream_idle_timeout", &self.stream_idle_timeout)
+            .finish()
+    }
+}
+
+impl SyncOptions {
+    /// Rejects values that would make the loops spin, panic or never run.
+    pub fn validate(&self) -> Result<(), SyncError> {
+        let invalid = |message: &str| Err(SyncError::InvalidOptions(message.to_owned()));
+        if self.worker_id.trim().is_empty() || self.worker_id.len() > 256 {
+            return invalid("worker_id must be 1 to 256 characters");
+        }
+        let (poll_min, poll_max) = self.poll_interval;
+        if poll_min.is_zero() || poll_min > poll_max {
+            return invalid("poll_interval must be a non-empty range of positive durations");
+        }
+        if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
+            return invalid("backoff_min must be positive and at most backoff_max");
+        }
+        for (name, value) in [
+            ("report_interval", self.report_interval),
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+            ("stream_idle_timeout", self.stream_idle_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(SyncError::InvalidOptions(format!(
+                    "{name} must be positive"
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! The sync service: list, watch, poll and reconnect (R-SYNC-1…5).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::future::try_join_all;
+use rand::Rng;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{Connector, RegistryClient};
+use crate::follow::{Follower, Plan};
+use crate::report::{HealthSource, Reporter};
+use crate::snapshot::{Shared, SnapshotHandle};
+use crate::{SyncError, SyncOptions};
+
+/// Follows the registry and publishes snapshots; see the crate docs.
+pub struct SyncService {
+    options: SyncOptions,
+    connector: Connector,
+    shared: Arc<Shared>,
+    health: Option<Arc<dyn HealthSource>>,
+}
+
+impl SyncService {
+    /// Checks the options; nothing connects until [`Self::run`].
+    pub fn new(options: SyncOptions) -> Result<Self, SyncError> {
+        options.validate()?;
+        Ok(SyncService {
+            connector: Connector::new(&options)?,
+            options,
+            shared: Shared::new(),
+            health: None,
+        })
+    }
+
+    /// Includes per-server health from `source` in status reports.
+    pub fn with_health_source(mut self, source: Arc<dyn HealthSource>) -> Self {
+        self.health = Some(source);
+        self
+    }
+
+    /// A handle to read snapshots; valid before, during and after `run`.
+    pub fn handle(&self) -> SnapshotHandle {
+        SnapshotHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Follows the registry and reports status until `shutdown` is
+    /// cancelled. Handles keep serving the last snapshot afterwards.
+    pub async fn run(self, shutdown: CancellationToken) {
+        metrics::gauge!("quiver_worker_registry_degraded").set(0.0);
+        let reporter = Reporter {
+            shared: self.shared.clone(),
+            client: self.connector.client(),
+            worker_id: self.options.worker_id.clone(),
+            interval: self.options.report_interval,
+            health: self.health.clone(),
+        };
+        // Both loops run forever; dropping them on cancellation is the one
+        // shutdown path, and no await point sits inside a publish.
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            ((), ()) = async { tokio::join!(self.sync_forever(), reporter.run()) } => {}
+        }
+    }
+
+    fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.options.backoff_min)
+            .with_max_delay(self.options.backoff_max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+
+    async fn sync_forever(&self) {
+        let mut backoff = self.backoff();
+        loop {
+            let mut established = false;
+            let Err(err) = self.follow(&mut established).await;
+            if established {
+                backoff = self.backoff();
+            }
+            // backon's jitter adds up to one more delay on top; the cap holds
+            // for the total.
+            let delay = backoff
+                .next()
+                .unwrap_or(self.options.backoff_max)
+                .min(self.options.backoff_max);
+            tracing::warn!(
+                error = %err,
+                retry_in_ms = delay.as_millis() as u64,
+                revision = self.shared.current().revision,
+                "registry sync interrupted; serving the last snapshot"
+            );
+            self.shared.set_degraded(&err);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn next_poll(&self) -> Instant {
+        let (min, max) = self.options.poll_interval;
+        Instant::now() + rand::rng().random_range(min..=max)
+    }
+
+    /// One connection: list, watch from the list's revision, apply events
+    /// until something fails. Sets `established` once the watch is open.
+    async fn follow(&self, established: &mut bool) -> Result<Infallible, SyncError> {
+        let client = self.connector.client();
+        let listed = client.list().await?;
+        let mut follower = Follower::from_list(self.shared.clone(), listed);
+        let mut stream = client.watch(follower.applied()).await?;
+        *established = true;
+        self.shared.clear_degraded();
+
+        let idle = self.options.stream_idle_timeout;
+        let mut last_message = Instant::now();
+        let mut poll_at = self.next_poll();
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = sleep_until(last_message + idle) => return Err(SyncError::StreamIdle(idle)),
+                () = sleep_until(poll_at) => {
+                    poll_at = self.next_poll();
+                    // The poll is a safety net next to a live stream: its
+                    // failure is worth a warning, not a reconnect.
+                    match client.list().await {
+                        Ok(listed) => follower.offer(listed),
+                        Err(err) => tracing::warn!(error = %err, "registry poll failed"),
+                    }
+                    continue;
+                }
+            };
+            last_message = Instant::now();
+            let event = message
+                .map_err(|status| SyncError::rpc("watch", &status))?
+                .ok_or(SyncError::StreamEnded)?;
+            let Plan::Fetch(ids) = follower.plan(&event)? else {
+                continue;
+            };
+            let fetched = fetch(&client, ids).await?;
+            follower.apply(&event, fetched);
+            if follower.is_stuck() {
+                tracing::info!(
+                    applied = follower.applied(),
+                    "records keep moving ahead of the watch; listing instead"
+                );
+                follower.offer(client.list().await?);
+            }
+            follower.publish_if_consistent();
+        }
+    }
+}
+
+async fn fetch(
+    client: &RegistryClient,
+    ids: Vec<String>,
+) -> Result<Vec<(String, Option<quiver_model::StoredServer>)>, SyncError> {
+    try_join_all(ids.into_iter().map(|id| async move {
+        let server = client.get(id.clone()).await?;
+        Ok::<_, SyncError>((id, server))
+    }))
+    .await
+}

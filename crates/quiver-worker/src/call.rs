@@ -1,0 +1,201 @@
+//! One tool call under the caller's policy and the server's budgets: the
+//! path shared by the direct tool API and the chat tool loop.
+
+use std::time::Instant;
+
+use quiver_mcp::{CallOutcome, ContentBlock, JsonObject, McpError, McpPool};
+use quiver_sync::Snapshot;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::auth::Task;
+use crate::catalog::{Catalog, CatalogTool};
+
+/// A request to run one tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// Injected name (or `mcp.<server_id>.<tool_name>`).
+    pub name: String,
+    /// Tool arguments: a JSON object; absent or null means `{}`.
+    #[serde(default)]
+    pub arguments: Option<Value>,
+}
+
+/// Why a call did not run or did not finish (SPEC §10).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// The name does not resolve to a tool injected for this caller.
+    #[error("{0}")]
+    PolicyDenied(String),
+    /// The tool needs an approval first.
+    #[error("{0}")]
+    ApprovalRequired(String),
+    /// The arguments are not a JSON object.
+    #[error("{0}")]
+    InvalidArguments(String),
+    /// The MCP call failed.
+    #[error(transparent)]
+    Mcp(#[from] McpError),
+}
+
+impl CallError {
+    /// The §10 code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CallError::PolicyDenied(_) => "mcp_policy_denied",
+            CallError::ApprovalRequired(_) => "mcp_approval_required",
+            CallError::InvalidArguments(_) => "mcp_invalid_arguments",
+            CallError::Mcp(err) => err.code(),
+        }
+    }
+
+    /// Whether retrying later may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, CallError::Mcp(err) if err.retryable())
+    }
+
+    /// The §10 error object.
+    pub fn to_json(&self) -> Value {
+        json!({"error": {"code": self.code(), "message": self.to_string(), "retryable": self.retryable()}})
+    }
+}
+
+/// A call that reached the server and got an answer.
+#[derive(Debug, Clone)]
+pub struct CallDone {
+    /// What was called.
+    pub tool: CatalogTool,
+    /// The answer, output cap applied.
+    pub outcome: CallOutcome,
+}
+
+impl CallDone {
+    /// Whether the server flagged its result as an error (`isError`).
+    pub fn is_error(&self) -> bool {
+        self.outcome.result.is_error == Some(true)
+    }
+
+    /// The §10 error object the answer also carries: `mcp_tool_error` for an
+    /// `isError` result (its text kept), `mcp_output_too_large` when the
+    /// output was truncated; `None` for a clean success.
+    pub fn error_object(&self) -> Option<Value> {
+        if self.is_error() {
+            let text: Vec<&str> = self
+                .outcome
+                .result
+                .content
+                .iter()
+                .filter_map(|c| match c {
+                    ContentBlock::Text(t) => Some(t.text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            return Some(
+                json!({"code": "mcp_tool_error", "message": text.join("\n"), "retryable": false}),
+            );
+        }
+        let output = self.outcome.output;
+        output.truncated().then(|| {
+            json!({
+                "code": "mcp_output_too_large",
+                "message": format!("output truncated to {} of {} bytes", output.kept, output.original),
+                "retryable": false,
+            })
+        })
+    }
+}
+
+fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
+    match arguments {
+        None | Some(Value::Null) => Ok(JsonObject::new()),
+        Some(Value::Object(map)) => Ok(map),
+        // Models sometimes send the arguments as a JSON string.
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err(CallError::InvalidArguments(
+                "arguments must be a JSON object".into(),
+            )),
+            Err(err) => Err(CallError::InvalidArguments(format!(
+                "arguments are not valid JSON: {err}"
+            ))),
+        },
+        Some(_) => Err(CallError::InvalidArguments(
+            "arguments must be a JSON object".into(),
+        )),
+    }
+}
+
+/// Resolves `request.name` against what `task` may use and runs the tool.
+pub async fn call_tool(
+    snapshot: &Snapshot,
+    pool: &McpPool,
+    task: &Task,
+    request: &ToolCall,
+) -> Result<CallDone, CallError> {
+    let started = Instant::now();
+    let denied = || {
+        CallError::PolicyDenied(format!(
+            "{:?} is not a tool available to this caller",
+            request.name
+        ))
+    };
+    let candidates = Catalog::candidate_servers(&request.name);
+    if candidates.is_empty() {
+        return Err(denied());
+    }
+    let catalog = Catalog::build(snapshot, pool, &task.policy, None, Some(&candidates)).await;
+    let tool = match catalog.resolve(&request.name) {
+        Some(tool) => tool.clone(),
+        None => {
+            // A selected server that cannot list its tools is unavailable,
+            // not a policy refusal.
+            if let Some(down) = catalog.unavailable.first() {
+                return Err(CallError::Mcp(down.error.clone()));
+            }
+            return Err(denied());
+        }
+    };
+    if tool.needs_approval() {
+        return Err(CallError::ApprovalRequired(format!(
+            "{}.{} requires an approval before it runs",
+            tool.server_id(),
+            tool.tool_name()
+        )));
+    }
+    let arguments = arguments_object(request.arguments.clone())?;
+    let argument_keys: Vec<&str> = arguments.keys().map(String::as_str).collect();
+    let result = pool
+        .call_tool(&tool.server, tool.tool_name(), Some(arguments.clone()))
+        .await;
+    let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
+    let status = match &result {
+        Ok(outcome) if outcome.result.is_error == Some(true) => "mcp_tool_error",
+        Ok(outcome) if outcome.output.truncated() => "mcp_output_too_large",
+        Ok(_) => "ok",
+        Err(err) => err.code(),
+    };
+    let duration = started.elapsed();
+    metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);
+    metrics::histogram!("mcp_tool_call_latency_ms", "server_id" => server_id.clone(), "tool" => tool_name.clone())
+        .record(duration.as_secs_f64() * 1000.0);
+    if status != "ok" {
+        metrics::counter!("mcp_tool_call_error_total", "server_id" => server_id.clone(), "tool" => tool_name.clone(), "code" => status)
+            .increment(1);
+    }
+    // Argument values may be secrets: the audit line names only the keys.
+    tracing::info!(
+        target: "quiver::audit",
+        task = %task.name,
+        server_id = %server_id,
+        tool = %tool_name,
+        status,
+        duration_ms = duration.as_millis() as u64,
+        argument_keys = ?argument_keys,
+        "mcp tool call"
+    );
+    Ok(CallDone {
+        tool,
+        outcome: result?,
+    })
+}

@@ -1,0 +1,12 @@
+//! The Quiver data plane: follows the registry (`quiver-sync`), keeps warm,
+//! budgeted MCP connections (`quiver-mcp`), decides per caller which tools
+//! may be used (`quiver_model::policy`) and serves the direct tool API.
+
+pub mod api;
+pub mod auth;
+pub mod call;
+pub mod catalog;
+pub mod health;
+mod service;
+
+pub use service::{Worker, WorkerError, WorkerOptions};

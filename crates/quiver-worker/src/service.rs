@@ -1,0 +1,178 @@
+//! The worker process: registry sync, the MCP pool fed by its snapshots, and
+//! the HTTP API, stopped through one cancellation token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use quiver_mcp::{McpPool, PoolOptions};
+use quiver_sync::{SnapshotHandle, SyncOptions, SyncService};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{ApiState, router};
+use crate::auth::{Callers, CallersConfig, CallersError};
+use crate::health::PoolHealth;
+
+/// How the worker runs.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    /// HTTP listen address (port 0 picks a free one).
+    pub http_listen: SocketAddr,
+    /// Registry connection.
+    pub sync: SyncOptions,
+    /// MCP pool limits and timeouts.
+    pub pool: PoolOptions,
+    /// Caller tokens and task policies.
+    pub callers: CallersConfig,
+    /// Servers connected (and their tools listed) as soon as they appear.
+    pub warm_up: Vec<String>,
+    /// How long shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
+    /// Prometheus recorder to render at `/metrics`.
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// Why the worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Caller configuration refused.
+    #[error(transparent)]
+    Callers(#[from] CallersError),
+    /// Registry sync configuration refused.
+    #[error(transparent)]
+    Sync(#[from] quiver_sync::SyncError),
+    /// Serving failed.
+    #[error("http server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A worker whose listener is bound; [`Worker::run`] serves it.
+pub struct Worker {
+    listener: TcpListener,
+    sync: SyncService,
+    state: ApiState,
+    options: WorkerOptions,
+    shutdown: CancellationToken,
+}
+
+impl Worker {
+    /// Binds the listener and assembles sync, pool and API.
+    pub async fn start(
+        options: WorkerOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Self, WorkerError> {
+        let listener = TcpListener::bind(options.http_listen)
+            .await
+            .map_err(|source| WorkerError::Bind {
+                addr: options.http_listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(WorkerError::Serve)?;
+        let callers = Arc::new(Callers::new(&options.callers, addr)?);
+        let pool = McpPool::new(options.pool.clone());
+        let sync = SyncService::new(options.sync.clone())?
+            .with_health_source(Arc::new(PoolHealth(pool.clone())));
+        let state = ApiState {
+            snapshot: sync.handle(),
+            pool,
+            callers,
+            metrics: options.metrics.clone(),
+        };
+        Ok(Worker {
+            listener,
+            sync,
+            state,
+            options,
+            shutdown,
+        })
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.options.http_listen)
+    }
+
+    /// The worker's view of the registry.
+    pub fn snapshot(&self) -> SnapshotHandle {
+        self.state.snapshot.clone()
+    }
+
+    /// The worker's MCP pool.
+    pub fn pool(&self) -> McpPool {
+        self.state.pool.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled; then drains requests for
+    /// at most the grace period and closes every MCP connection (child
+    /// process groups are killed and reaped).
+    pub async fn run(self) -> Result<(), WorkerError> {
+        let Worker {
+            listener,
+            sync,
+            state,
+            options,
+            shutdown,
+        } = self;
+        let syncing = tokio::spawn(sync.run(shutdown.clone()));
+        tokio::spawn(follow_snapshots(
+            state.snapshot.clone(),
+            state.pool.clone(),
+            options.warm_up.clone(),
+            shutdown.clone(),
+        ));
+        let pool = state.pool.clone();
+        let app = router(state);
+        let served =
+            axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let result = tokio::select! {
+            result = served => result.map_err(WorkerError::Serve),
+            () = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(options.shutdown_grace).await;
+            } => Ok(()),
+        };
+        pool.shutdown().await;
+        let _ = syncing.await;
+        result
+    }
+}
+
+/// Applies every new snapshot to the pool and warms up configured servers.
+async fn follow_snapshots(
+    snapshot: SnapshotHandle,
+    pool: McpPool,
+    warm_up: Vec<String>,
+    shutdown: CancellationToken,
+) {
+    let mut updates = snapshot.subscribe();
+    loop {
+        let update = updates.borrow_and_update().clone();
+        pool.apply_snapshot(&update.snapshot.servers, &update.changed);
+        for id in &warm_up {
+            if let Some(server) = update.snapshot.get(id).filter(|s| s.spec.enabled) {
+                let (pool, server) = (pool.clone(), server.clone());
+                tokio::spawn(async move {
+                    if let Err(err) = pool.warm_up(&server).await {
+                        tracing::warn!(server_id = %server.spec.server_id, error = %err, "warm-up failed");
+                    }
+                });
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = updates.changed() => if changed.is_err() { return },
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! `quiver worker`: the data plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use quiver_mcp::PoolOptions;
+use quiver_sync::SyncOptions;
+use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
+use quiver_worker::{Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, WorkerFile};
+use crate::telemetry::{self, LogFormat};
+
+/// Flags of `quiver worker` (each also `QUIVER_<FLAG>`).
+#[derive(Args, Debug, Default)]
+pub struct WorkerArgs {
+    /// TOML config file (see config/worker.toml).
+    #[arg(long, env = "QUIVER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Registry gRPC URL [default: http://127.0.0.1:50051].
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    pub registry: Option<String>,
+    /// Worker token for the registry.
+    #[arg(long, env = "QUIVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A caller token of task "default" (repeatable; comma-separated in the env).
+    #[arg(
+        long = "caller-token",
+        env = "QUIVER_CALLER_TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub caller_tokens: Vec<String>,
+    /// HTTP listen address for the tool API, chat, health and metrics [default: 127.0.0.1:8090].
+    #[arg(long, env = "QUIVER_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Identity reported to the registry [default: <hostname>-<pid>].
+    #[arg(long, env = "QUIVER_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Serve callers without a token as task "default"; loopback listeners only.
+    #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// Connect this server as soon as it appears (repeatable).
+    #[arg(long = "warm-up", env = "QUIVER_WARM_UP", value_delimiter = ',')]
+    pub warm_up: Vec<String>,
+    /// Log format.
+    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "worker".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Layers defaults < config file < env < flags into worker options.
+pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
+    let file: WorkerFile = config::load(args.config.as_deref())?;
+    let mut callers: Vec<CallerToken> = args
+        .caller_tokens
+        .into_iter()
+        .map(|token| CallerToken {
+            token,
+            task: DEFAULT_TASK.to_owned(),
+        })
+        .collect();
+    for (i, entry) in file.callers.into_iter().enumerate() {
+        let token = match (entry.token, entry.token_env) {
+            (Some(token), None) => token,
+            (None, Some(var)) => match std::env::var(&var) {
+                Ok(token) => token,
+                Err(_) => {
+                    eprintln!(
+                        "warning: callers[{i}]: environment variable {var} is not set; caller of task {:?} disabled",
+                        entry.task
+                    );
+                    continue;
+                }
+            },
+            _ => bail!("callers[{i}]: set exactly one of token and token_env"),
+        };
+        callers.push(CallerToken {
+            token,
+            task: entry.task,
+        });
+    }
+    let pool_defaults = PoolOptions::default();
+    let pool = PoolOptions {
+        max_inflight_calls: file
+            .pool
+            .max_inflight_calls
+            .unwrap_or(pool_defaults.max_inflight_calls),
+        max_child_processes: file
+            .pool
+            .max_child_processes
+            .unwrap_or(pool_defaults.max_child_processes),
+        initialize_timeout: file
+            .pool
+            .initialize_timeout_ms
+            .map_or(pool_defaults.initialize_timeout, Duration::from_millis),
+        idle_timeout: match file.pool.idle_timeout_secs {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => pool_defaults.idle_timeout,
+        },
+        tools_ttl: file
+            .pool
+            .tools_ttl_secs
+            .map_or(pool_defaults.tools_ttl, Duration::from_secs),
+        ..pool_defaults
+    };
+    let warm_up = if args.warm_up.is_empty() {
+        file.warm_up
+    } else {
+        args.warm_up
+    };
+    let options = WorkerOptions {
+        http_listen: args
+            .http_listen
+            .or(file.http_listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8090))),
+        sync: SyncOptions {
+            registry_url: args
+                .registry
+                .or(file.registry)
+                .unwrap_or_else(|| "http://127.0.0.1:50051".to_owned()),
+            token: args.token.or(file.token),
+            worker_id: args
+                .worker_id
+                .or(file.worker_id)
+                .unwrap_or_else(default_worker_id),
+            ..SyncOptions::default()
+        },
+        pool,
+        callers: CallersConfig {
+            callers,
+            tasks: file.tasks,
+            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+        },
+        warm_up,
+        shutdown_grace: Duration::from_secs(10),
+        metrics: None,
+    };
+    Ok((
+        options,
+        args.log_format.or(file.log.format).unwrap_or_default(),
+    ))
+}
+
+/// Runs `quiver worker`.
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let (mut options, log_format) = options(args)?;
+    telemetry::init_logging(log_format);
+    options.metrics = Some(telemetry::init_metrics()?);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(super::registry::shutdown_on_signal(shutdown.clone()));
+    serve(options, shutdown).await
+}
+
+/// Starts a worker and serves it until `shutdown`.
+pub async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let registry = options.sync.registry_url.clone();
+    let worker = Worker::start(options, shutdown)
+        .await
+        .context("starting the worker")?;
+    tracing::info!(http = %worker.http_addr(), registry = %registry, "quiver worker listening");
+    worker.run().await?;
+    tracing::info!("quiver worker stopped");
+    Ok(())
+}
