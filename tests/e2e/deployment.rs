@@ -118,3 +118,59 @@ async fn the_registry_service_command_is_accepted_by_the_binary() {
         );
     }
 }
+
+/// Every worker service's command line and environment start a real worker
+/// (against a registry that is not there: it must still start, listen and
+/// report itself not ready, rather than exit).
+#[tokio::test]
+async fn the_worker_service_commands_start_a_worker() {
+    let compose = compose();
+    let workers: Vec<_> = compose
+        .services
+        .iter()
+        .filter(|(_, service)| service.command.first().map(String::as_str) == Some("worker"))
+        .collect();
+    assert!(workers.len() >= 2, "compose runs at least two workers");
+    for (name, service) in workers {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
+        command.args(service.command.iter().map(|arg| host_path(arg)));
+        command
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (key, value) in &service.environment {
+            let value = match key.as_str() {
+                "QUIVER_REGISTRY" => "http://127.0.0.1:1".to_owned(),
+                "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
+                _ if value.starts_with("${") => "token-for-test".to_owned(),
+                _ => value.clone(),
+            };
+            command.env(key, value);
+        }
+        command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stderr));
+        let listening = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let mut seen = Vec::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("quiver worker listening") {
+                    return Ok(line);
+                }
+                seen.push(line);
+            }
+            Err(seen.join("\n"))
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no listening line within 10 s"));
+        let line =
+            listening.unwrap_or_else(|log| panic!("{name}: exited before listening:\n{log}"));
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let http = event["fields"]["http"].as_str().unwrap().to_owned();
+        let ready = reqwest::get(format!("http://{http}/readyz")).await.unwrap();
+        assert_eq!(ready.status(), 503, "{name}: not ready without a registry");
+        child.kill().await.unwrap();
+    }
+}

@@ -1,10 +1,13 @@
 //! Spawning and driving real `quiver` processes.
 //!
 //! A [`RegistryProcess`] runs `quiver registry` on ephemeral loopback ports and
-//! learns them from its JSON log line `quiver registry listening`. Its stderr
-//! is drained by a background thread for the whole life of the process (the
-//! last lines are kept for failure messages), and dropping it SIGKILLs and
-//! reaps the child, so a failing test never leaks a process.
+//! learns them from its JSON log line `quiver registry listening`; a
+//! [`WorkerProcess`] runs `quiver worker` likewise (log line `quiver worker
+//! listening`, then `/readyz` 200). Their stderr is drained by a background
+//! thread for the whole life of the process (the last lines are kept for
+//! failure messages), and dropping them SIGKILLs and reaps the child, so a
+//! failing test never leaks a process. [`McpServerProcess`] runs the test MCP
+//! server binary (`quiver-testkit-mcp`) on an HTTP transport.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -165,15 +168,146 @@ pub fn upserted_revision(response: &pb::UpsertMcpServerResponse) -> u64 {
 /// Ring buffer of the last log lines of a process.
 type LogTail = Arc<Mutex<VecDeque<String>>>;
 
-/// A running `quiver registry`.
-pub struct RegistryProcess {
+/// A spawned child whose stderr (JSON log lines) is drained by a background
+/// thread for its whole life; the last lines are kept for failure messages.
+/// Dropping it SIGKILLs and reaps the child.
+struct Supervised {
+    /// What it is, for messages (`"registry"`, `"worker"`).
+    what: &'static str,
     child: Child,
-    grpc: SocketAddr,
-    http: SocketAddr,
     log: LogTail,
     reaped: Option<ExitStatus>,
     /// Whether the log tail was already part of a failure message.
     log_reported: bool,
+}
+
+impl Supervised {
+    /// Spawns `command` (stderr piped) and waits at most `STARTUP_TIMEOUT`
+    /// for a log line that `listening` accepts; fails the test otherwise.
+    async fn spawn<T: Send + 'static>(
+        what: &'static str,
+        mut command: Command,
+        description: &str,
+        listening: fn(&str) -> Option<T>,
+    ) -> (Supervised, T) {
+        command.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawn quiver {what}: {err}"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log: LogTail = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_TAIL)));
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel();
+        let tail = log.clone();
+        std::thread::spawn(move || drain(stderr, &tail, &ready_tx, listening));
+        let mut process = Supervised {
+            what,
+            child,
+            log,
+            reaped: None,
+            log_reported: true,
+        };
+        match tokio::time::timeout(STARTUP_TIMEOUT, ready_rx.recv()).await {
+            Ok(Some(found)) => {
+                process.log_reported = false;
+                (process, found)
+            }
+            Ok(None) => {
+                let status = process.child.wait().ok();
+                process.reaped = status;
+                panic!(
+                    "quiver {what} {description} exited before listening ({status:?}); log:\n{}",
+                    process.log_tail()
+                );
+            }
+            Err(_) => panic!(
+                "quiver {what} {description} did not listen within {STARTUP_TIMEOUT:?}; log:\n{}",
+                process.log_tail()
+            ),
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"))
+    }
+
+    fn log_tail(&self) -> String {
+        let lines = self
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        let lines = self
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        lines.iter().any(|line| line.contains(needle))
+    }
+
+    fn signal(&self, signal: Signal) {
+        assert!(self.reaped.is_none(), "process already exited");
+        signal::kill(self.pid(), signal).unwrap_or_else(|err| panic!("kill({signal}): {err}"));
+    }
+
+    fn is_running(&mut self) -> bool {
+        if self.reaped.is_none() {
+            self.reaped = self.child.try_wait().expect("try_wait");
+        }
+        self.reaped.is_none()
+    }
+
+    fn kill_hard(&mut self) {
+        if self.reaped.is_none() {
+            let _ = signal::kill(self.pid(), Signal::SIGKILL);
+            self.reaped = Some(self.child.wait().expect("reap killed process"));
+        }
+    }
+
+    async fn terminate(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
+        self.signal(Signal::SIGTERM);
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                self.reaped = Some(status);
+                return (status, started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                panic!(
+                    "{} did not exit within {timeout:?} of SIGTERM; log:\n{}",
+                    self.what,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.kill_hard();
+        if std::thread::panicking() && !self.log_reported {
+            eprintln!(
+                "--- {} {} log (last {LOG_TAIL} lines) ---\n{}\n--- end of log ---",
+                self.what,
+                self.child.id(),
+                self.log_tail()
+            );
+        }
+    }
+}
+
+/// A running `quiver registry`.
+pub struct RegistryProcess {
+    process: Supervised,
+    grpc: SocketAddr,
+    http: SocketAddr,
 }
 
 /// Arguments every test registry gets: ephemeral loopback ports, JSON logs.
@@ -189,49 +323,34 @@ const BASE_ARGS: [&str; 6] = [
 impl RegistryProcess {
     /// Starts `quiver registry BASE_ARGS ARGS` and waits until it listens.
     pub async fn start<S: AsRef<str>>(args: &[S]) -> RegistryProcess {
+        RegistryProcess::start_with(&BASE_ARGS, args).await
+    }
+
+    /// Like [`RegistryProcess::start`], but gRPC listens on `grpc` (e.g. the
+    /// address of a registry that stopped, so its workers find the new one).
+    pub async fn start_on<S: AsRef<str>>(grpc: SocketAddr, args: &[S]) -> RegistryProcess {
+        let grpc = grpc.to_string();
+        let base = [
+            "--grpc-listen",
+            grpc.as_str(),
+            "--http-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ];
+        RegistryProcess::start_with(&base, args).await
+    }
+
+    async fn start_with<S: AsRef<str>>(base: &[&str], args: &[S]) -> RegistryProcess {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let mut command = quiver_command();
-        command
-            .arg("registry")
-            .args(BASE_ARGS)
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().expect("spawn quiver registry");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log: LogTail = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_TAIL)));
-        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel();
-        let tail = log.clone();
-        std::thread::spawn(move || drain(stderr, &tail, &ready_tx));
-        let mut process = RegistryProcess {
-            child,
-            grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log,
-            reaped: None,
-            log_reported: true,
-        };
-        match tokio::time::timeout(STARTUP_TIMEOUT, ready_rx.recv()).await {
-            Ok(Some((grpc, http))) => {
-                process.grpc = grpc;
-                process.http = http;
-                process.log_reported = false;
-                process
-            }
-            Ok(None) => {
-                let status = process.child.wait().ok();
-                process.reaped = status;
-                panic!(
-                    "quiver registry {} exited before listening ({status:?}); log:\n{}",
-                    args.join(" "),
-                    process.log_tail()
-                );
-            }
-            Err(_) => panic!(
-                "quiver registry {} did not listen within {STARTUP_TIMEOUT:?}; log:\n{}",
-                args.join(" "),
-                process.log_tail()
-            ),
+        command.arg("registry").args(base).args(&args);
+        let (process, (grpc, http)) =
+            Supervised::spawn("registry", command, &args.join(" "), listening_addrs).await;
+        RegistryProcess {
+            process,
+            grpc,
+            http,
         }
     }
 
@@ -239,6 +358,11 @@ impl RegistryProcess {
     pub async fn with_admin(database_url: &str, admin_token: &str) -> RegistryProcess {
         RegistryProcess::start(&["--database-url", database_url, "--admin-token", admin_token])
             .await
+    }
+
+    /// The gRPC listen address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
     }
 
     /// `http://<grpc addr>`.
@@ -256,45 +380,24 @@ impl RegistryProcess {
         connect(&self.grpc_url(), token).await
     }
 
-    /// The process id.
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"))
-    }
-
     /// The last log lines (stderr), for failure messages.
     pub fn log_tail(&self) -> String {
-        let lines = self
-            .log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        lines
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.process.log_tail()
     }
 
     /// Whether a log line containing `needle` was seen (among the kept lines).
     pub fn logged(&self, needle: &str) -> bool {
-        let lines = self
-            .log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        lines.iter().any(|line| line.contains(needle))
+        self.process.logged(needle)
     }
 
     /// Sends a signal (the process must still be running).
     pub fn signal(&self, signal: Signal) {
-        assert!(self.reaped.is_none(), "process already exited");
-        signal::kill(self.pid(), signal).unwrap_or_else(|err| panic!("kill({signal}): {err}"));
+        self.process.signal(signal);
     }
 
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
-        if self.reaped.is_none() {
-            self.reaped = self.child.try_wait().expect("try_wait");
-        }
-        self.reaped.is_none()
+        self.process.is_running()
     }
 
     /// SIGHUP: rescan `mcp.d`.
@@ -304,58 +407,30 @@ impl RegistryProcess {
 
     /// SIGKILL and reap: a crash, with whatever was in flight.
     pub fn kill_hard(&mut self) {
-        if self.reaped.is_none() {
-            let _ = signal::kill(self.pid(), Signal::SIGKILL);
-            self.reaped = Some(self.child.wait().expect("reap killed registry"));
-        }
+        self.process.kill_hard();
     }
 
     /// SIGTERM, then waits (at most `timeout`) for the process to exit;
     /// returns its status and how long it took. Fails the test on timeout.
     pub async fn terminate(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
-        self.signal(Signal::SIGTERM);
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                self.reaped = Some(status);
-                return (status, started.elapsed());
-            }
-            if started.elapsed() > timeout {
-                panic!(
-                    "registry did not exit within {timeout:?} of SIGTERM; log:\n{}",
-                    self.log_tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.process.terminate(timeout).await
     }
 }
 
-impl Drop for RegistryProcess {
-    fn drop(&mut self) {
-        self.kill_hard();
-        if std::thread::panicking() && !self.log_reported {
-            eprintln!(
-                "--- registry {} log (last {LOG_TAIL} lines) ---\n{}\n--- end of log ---",
-                self.grpc,
-                self.log_tail()
-            );
-        }
-    }
-}
-
-/// Reads stderr until EOF, keeps the tail, and reports the listening line.
-fn drain(
+/// Reads stderr until EOF, keeps the tail, and reports the first line that
+/// `listening` accepts.
+fn drain<T>(
     stderr: std::process::ChildStderr,
     tail: &LogTail,
-    ready: &tokio::sync::mpsc::UnboundedSender<(SocketAddr, SocketAddr)>,
+    ready: &tokio::sync::mpsc::UnboundedSender<T>,
+    listening: fn(&str) -> Option<T>,
 ) {
     let mut reported = false;
     for line in BufReader::new(stderr).lines() {
         let Ok(line) = line else { break };
-        if !reported && let Some(addrs) = listening_addrs(&line) {
+        if !reported && let Some(found) = listening(&line) {
             reported = true;
-            let _ = ready.send(addrs);
+            let _ = ready.send(found);
         }
         let mut lines = tail
             .lock()
@@ -367,15 +442,347 @@ fn drain(
     }
 }
 
-/// The `(grpc, http)` addresses of a `quiver registry listening` JSON log line.
-fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+/// The `fields` of a JSON log line whose message is `message`.
+fn log_fields(line: &str, message: &str) -> Option<serde_json::Value> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     let fields = value.get("fields")?;
-    if fields.get("message")?.as_str()? != "quiver registry listening" {
-        return None;
-    }
+    (fields.get("message")?.as_str()? == message).then(|| fields.clone())
+}
+
+/// The `(grpc, http)` addresses of a `quiver registry listening` JSON log line.
+fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let fields = log_fields(line, "quiver registry listening")?;
     let addr = |name: &str| fields.get(name)?.as_str()?.parse::<SocketAddr>().ok();
     Some((addr("grpc")?, addr("http")?))
+}
+
+/// The HTTP address of a `quiver worker listening` JSON log line.
+fn worker_listening_addr(line: &str) -> Option<SocketAddr> {
+    log_fields(line, "quiver worker listening")?
+        .get("http")?
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// How long a worker may take to answer `/readyz` with 200 once it listens.
+const WORKER_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running `quiver worker`, with an HTTP client for its API that presents
+/// the caller token it was started with.
+pub struct WorkerProcess {
+    process: Supervised,
+    http: SocketAddr,
+    caller_token: String,
+    client: reqwest::Client,
+}
+
+impl WorkerProcess {
+    /// Starts `quiver worker --registry REGISTRY --token WORKER_TOKEN
+    /// --caller-token CALLER_TOKEN --http-listen 127.0.0.1:0 --log-format
+    /// json ARGS` and waits until it listens and `/readyz` answers 200 (it
+    /// holds a first snapshot of the registry).
+    pub async fn start<S: AsRef<str>>(
+        registry_url: &str,
+        worker_token: &str,
+        caller_token: &str,
+        args: &[S],
+    ) -> WorkerProcess {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        let mut command = quiver_command();
+        command.arg("worker").args([
+            "--registry",
+            registry_url,
+            "--token",
+            worker_token,
+            "--caller-token",
+            caller_token,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ]);
+        command.args(&args);
+        let description = format!("--registry {registry_url} {}", args.join(" "));
+        let (process, http) =
+            Supervised::spawn("worker", command, &description, worker_listening_addr).await;
+        let worker = WorkerProcess {
+            process,
+            http,
+            caller_token: caller_token.to_owned(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("http client"),
+        };
+        let started = Instant::now();
+        loop {
+            let (status, body) = worker.readyz().await;
+            if status == reqwest::StatusCode::OK {
+                break;
+            }
+            assert!(
+                started.elapsed() < WORKER_READY_TIMEOUT,
+                "worker not ready within {WORKER_READY_TIMEOUT:?}: {status} {body}; log:\n{}",
+                worker.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        worker
+    }
+
+    /// `http://<http addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Pid {
+        self.process.pid()
+    }
+
+    /// The last log lines (stderr), for failure messages.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// Whether a log line containing `needle` was seen (among the kept lines).
+    pub fn logged(&self, needle: &str) -> bool {
+        self.process.logged(needle)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// SIGTERM, then waits (at most `timeout`) for the process to exit.
+    pub async fn terminate(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
+        self.process.terminate(timeout).await
+    }
+
+    /// `GET path` with the caller token: status and JSON body (`Null` when
+    /// the body is not JSON).
+    pub async fn get(&self, path: &str) -> (reqwest::StatusCode, serde_json::Value) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.url()))
+            .bearer_auth(&self.caller_token)
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("GET {path}: {err}"));
+        json_of(response).await
+    }
+
+    /// `GET /readyz` (no credential).
+    pub async fn readyz(&self) -> (reqwest::StatusCode, serde_json::Value) {
+        let response = self
+            .client
+            .get(format!("{}/readyz", self.url()))
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("GET /readyz: {err}"));
+        json_of(response).await
+    }
+
+    /// `GET /v1/mcp/tools`: the tool objects (fails the test unless 200).
+    pub async fn tools(&self) -> Vec<serde_json::Value> {
+        let (status, body) = self.get("/v1/mcp/tools").await;
+        assert_eq!(status, reqwest::StatusCode::OK, "GET /v1/mcp/tools: {body}");
+        body.as_array().expect("tool list is an array").clone()
+    }
+
+    /// The injected names of `GET /v1/mcp/tools`, sorted.
+    pub async fn tool_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .tools()
+            .await
+            .iter()
+            .map(|tool| tool["name"].as_str().expect("tool name").to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// `POST /v1/mcp/tools/call {name, arguments}`: status and JSON body.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: serde_json::Value,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let response = self
+            .client
+            .post(format!("{}/v1/mcp/tools/call", self.url()))
+            .bearer_auth(&self.caller_token)
+            .json(&serde_json::json!({"name": name, "arguments": arguments}))
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("POST /v1/mcp/tools/call {name}: {err}"));
+        json_of(response).await
+    }
+
+    /// Calls a tool that must succeed with one text item; returns the text.
+    pub async fn call_text(&self, name: &str, arguments: serde_json::Value) -> String {
+        let (status, body) = self.call(name, arguments).await;
+        assert_eq!(
+            (status, &body["is_error"]),
+            (reqwest::StatusCode::OK, &serde_json::json!(false)),
+            "call {name}: {body}"
+        );
+        let content = body["content"].as_array().expect("content array");
+        assert_eq!(content.len(), 1, "call {name}: one content item: {body}");
+        assert_eq!(content[0]["type"], "text", "call {name}: {body}");
+        content[0]["text"].as_str().expect("text").to_owned()
+    }
+
+    /// `GET /v1/mcp/servers`: the entry of `server_id` (`None` if absent).
+    pub async fn server(&self, server_id: &str) -> Option<serde_json::Value> {
+        let (status, body) = self.get("/v1/mcp/servers").await;
+        assert_eq!(
+            status,
+            reqwest::StatusCode::OK,
+            "GET /v1/mcp/servers: {body}"
+        );
+        body["servers"]
+            .as_array()
+            .expect("servers array")
+            .iter()
+            .find(|server| server["server_id"] == server_id)
+            .cloned()
+    }
+}
+
+async fn json_of(response: reqwest::Response) -> (reqwest::StatusCode, serde_json::Value) {
+    let status = response.status();
+    let bytes = response.bytes().await.expect("response body");
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// The admin REST API of a registry (`/admin/api/mcp/servers`).
+pub struct Admin {
+    base: String,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl Admin {
+    /// The admin API of `registry` with `admin_token`.
+    pub fn new(registry: &RegistryProcess, admin_token: &str) -> Admin {
+        Admin {
+            base: format!("{}/admin/api/mcp/servers", registry.http_url()),
+            token: admin_token.to_owned(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// Upserts `record` (a `mcp.d` record as JSON); returns the new revision.
+    pub async fn upsert(&self, record: serde_json::Value) -> u64 {
+        let response = self
+            .client
+            .post(&self.base)
+            .bearer_auth(&self.token)
+            .json(&record)
+            .send()
+            .await
+            .expect("POST /admin/api/mcp/servers");
+        let (status, body) = json_of(response).await;
+        assert!(
+            status.is_success() && body["unchanged"] == false,
+            "upsert {record}: {status} {body}"
+        );
+        body["revision"].as_u64().expect("revision")
+    }
+
+    /// Deletes `server_id`; returns the new revision.
+    pub async fn delete(&self, server_id: &str) -> u64 {
+        let response = self
+            .client
+            .delete(format!("{}/{server_id}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("DELETE /admin/api/mcp/servers/{id}");
+        let (status, body) = json_of(response).await;
+        assert!(status.is_success(), "delete {server_id}: {status} {body}");
+        body["revision"].as_u64().expect("revision")
+    }
+}
+
+/// Path of the `quiver-testkit-mcp` binary (built next to `quiver`).
+pub fn testkit_mcp_bin() -> String {
+    let path = std::path::Path::new(quiver_bin()).with_file_name("quiver-testkit-mcp");
+    assert!(
+        path.is_file(),
+        "{} is missing; build it: cargo build -p quiver-testkit",
+        path.display()
+    );
+    path.to_str().expect("utf-8 path").to_owned()
+}
+
+/// A `quiver-testkit-mcp` process serving an HTTP transport; killed on drop.
+pub struct McpServerProcess {
+    child: Child,
+    url: String,
+}
+
+impl McpServerProcess {
+    /// Starts `quiver-testkit-mcp --transport TRANSPORT` (`streamable-http`
+    /// or `sse`) on an ephemeral loopback port and reads its URL from the
+    /// `{"listening": …}` line it prints.
+    pub async fn start(transport: &str) -> McpServerProcess {
+        let mut child = Command::new(testkit_mcp_bin())
+            .args(["--transport", transport, "--listen", "127.0.0.1:0"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn quiver-testkit-mcp");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        // Owned from here on, so a failure below still kills the child.
+        let mut server = McpServerProcess {
+            child,
+            url: String::new(),
+        };
+        let line = tokio::time::timeout(STARTUP_TIMEOUT, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| {
+                panic!(
+                    "quiver-testkit-mcp --transport {transport}: no listening line within {STARTUP_TIMEOUT:?}"
+                )
+            });
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|err| {
+            panic!("quiver-testkit-mcp --transport {transport}: bad listening line {line:?}: {err}")
+        });
+        server.url = value["listening"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no url in {line:?}"))
+            .to_owned();
+        server
+    }
+
+    /// The MCP endpoint (`…/mcp` or `…/sse`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for McpServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Polls `probe` every 50 ms until it returns `Some`, at most `timeout`.
@@ -395,6 +802,68 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// One line of `/proc/<pid>/stat`, the fields the tests need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id.
+    pub pid: i32,
+    /// State letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// Parent process id.
+    pub ppid: i32,
+    /// Process group id.
+    pub pgrp: i32,
+    /// Start time in clock ticks since boot (tells a reused pid apart).
+    pub start_time: u64,
+}
+
+/// `/proc/<pid>/stat` of `pid`, if such a process (or zombie) exists.
+pub fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces or parentheses.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcStat {
+        pid,
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        // Field 22 of stat; `rest` starts at field 3.
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Every process in the process table.
+pub fn processes() -> Vec<ProcStat> {
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(proc_stat)
+        .collect()
+}
+
+#[test]
+fn parses_the_worker_listening_line() {
+    let line = r#"{"timestamp":"2026-11-22T18:17:35.012818Z","level":"INFO","fields":{"message":"quiver worker listening","http":"127.0.0.1:37695","registry":"http://127.0.0.1:33193"},"target":"quiver::cmd::worker"}"#;
+    assert_eq!(
+        worker_listening_addr(line),
+        Some("127.0.0.1:37695".parse().unwrap())
+    );
+    assert_eq!(
+        worker_listening_addr(&line.replace("worker", "registry")),
+        None
+    );
+}
+
+#[test]
+fn reads_this_process_from_proc() {
+    let me = proc_stat(i32::try_from(std::process::id()).unwrap()).expect("own stat");
+    assert_eq!(me.ppid, nix::unistd::getppid().as_raw());
+    assert_eq!(me.pgrp, nix::unistd::getpgrp().as_raw());
+    assert!(me.start_time > 0);
+    assert!(processes().iter().any(|p| p.pid == me.pid));
 }
 
 #[test]

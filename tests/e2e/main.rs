@@ -1,4 +1,5 @@
-//! End-to-end tests: real `quiver` processes, real PostgreSQL.
+//! End-to-end tests: real `quiver` processes, real PostgreSQL, real MCP
+//! servers (`quiver-testkit-mcp`).
 //!
 //! Every test spawns its own `quiver registry` processes on ephemeral
 //! loopback ports (see [`harness`]) over a fresh database: a PostgreSQL
@@ -13,3 +14,4 @@ mod graceful_shutdown;
 mod harness;
 mod registry_concurrency;
 mod replicas;
+mod worker;

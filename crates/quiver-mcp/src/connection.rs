@@ -197,10 +197,49 @@ impl Connection {
     pub async fn close(&self) {
         let service = self.service.lock().await.take();
         if let Some(mut service) = service {
-            // The child transport sends SIGTERM, waits, then kills the group.
+            // The child transport closes stdin, waits, sends SIGTERM, then
+            // kills the group, and reaps the server.
             let _ = service.close_with_timeout(Duration::from_secs(5)).await;
+            // A server that exits by itself once stdin closes (or crashed)
+            // takes only itself along: what it started in its group goes now.
+            if let Some(pid) = self.pid {
+                end_process_group(pid).await;
+            }
         }
     }
+}
+
+/// How long what is left of a server's process group gets after SIGTERM.
+const GROUP_GRACE: Duration = Duration::from_secs(1);
+
+/// Ends the remains of a stdio server's process group (its id is the
+/// server's pid: the server is the group's leader): SIGTERM, up to
+/// [`GROUP_GRACE`] to go, then SIGKILL. The kernel does not hand out a pid
+/// that is still a group's id, so this cannot reach anyone else's group.
+async fn end_process_group(pgid: u32) {
+    use nix::errno::Errno;
+    use nix::sys::signal::{Signal, killpg};
+    use nix::unistd::Pid;
+
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return;
+    };
+    let group = Pid::from_raw(pgid);
+    if killpg(group, Signal::SIGTERM) == Err(Errno::ESRCH) {
+        return;
+    }
+    tracing::debug!(
+        pgid,
+        "stdio server left processes in its group; terminating them"
+    );
+    let deadline = Instant::now() + GROUP_GRACE;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if killpg(group, None) == Err(Errno::ESRCH) {
+            return;
+        }
+    }
+    let _ = killpg(group, Signal::SIGKILL);
 }
 
 async fn serve<E: std::fmt::Display>(

@@ -78,7 +78,7 @@ pub enum HealthState {
     Connected,
     /// Live, but recent calls or restarts failed.
     Degraded,
-    /// Cannot connect (waiting out a backoff), or its record cannot be launched here.
+    /// The last connect failed, or its record cannot be launched on this worker.
     Down,
 }
 
@@ -538,10 +538,8 @@ impl McpPool {
             .map(|entry| {
                 let live = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let slot = entry.slot.try_lock().ok();
-                let backing_off = slot
-                    .as_ref()
-                    .and_then(|s| s.retry_at)
-                    .is_some_and(|at| Instant::now() < at);
+                // Down until a connect succeeds again, not only while backing off.
+                let last_connect_failed = slot.as_ref().is_some_and(|s| s.failures > 0);
                 let state = match (&entry.launch, &live) {
                     (Err(_), _) => HealthState::Down,
                     (_, Some(c)) if !c.is_closed() => {
@@ -551,7 +549,7 @@ impl McpPool {
                             HealthState::Connected
                         }
                     }
-                    _ if backing_off => HealthState::Down,
+                    _ if last_connect_failed => HealthState::Down,
                     _ => HealthState::Idle,
                 };
                 let last_error = match &entry.launch {

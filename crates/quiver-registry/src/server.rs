@@ -2,6 +2,7 @@
 //! `mcp.d`, runs background tasks (rescans, compaction) and shuts everything
 //! down through one cancellation token.
 
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,8 +193,14 @@ impl Registry {
             );
 
         let app = http_router(state, options.metrics.clone());
-        let http = axum::serve(http_listener, app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let http = axum::serve(
+            http_listener.tap_io(|tcp| {
+                // Small JSON answers: never wait for delayed ACKs.
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
 
         let servers = async {
             let (grpc, http) = tokio::join!(grpc, http);

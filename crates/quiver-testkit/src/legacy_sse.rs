@@ -11,6 +11,7 @@
 //!
 //! The endpoint path is absolute, so the router must be served at the root.
 
+use axum::serve::ListenerExt;
 use std::{
     collections::HashMap,
     convert::Infallible,
@@ -90,7 +91,7 @@ where
     S: ServerHandler,
 {
     let app = router_with_shutdown(factory, shutdown.clone());
-    axum::serve(listener, app)
+    axum::serve(listener.tap_io(crate::mcp_server::no_delay), app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

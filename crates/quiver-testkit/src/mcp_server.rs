@@ -14,6 +14,7 @@
 //! whole hosting process down; call it only on a server running in a child
 //! process.
 
+use axum::serve::ListenerExt;
 use std::{
     net::SocketAddr,
     sync::{
@@ -567,6 +568,13 @@ pub async fn serve_stdio(server: TestServer) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Sets `TCP_NODELAY` on an accepted connection: rmcp writes an SSE answer
+/// in several parts, and with Nagle's algorithm the part carrying the result
+/// waits for the client's delayed ACK (~40 ms per call).
+pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+}
+
 /// Serves MCP Streamable HTTP at `/mcp` on `listener` until `shutdown` fires.
 ///
 /// `server_factory` is called for every new session (and for some per-request
@@ -593,7 +601,7 @@ where
             config,
         );
     let router = axum::Router::new().nest_service("/mcp", service);
-    axum::serve(listener, router)
+    axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
     Ok(())

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use crate::auth::{Callers, Task};
 use crate::call::{CallError, ToolCall, call_tool};
 use crate::catalog::Catalog;
+use crate::schema::SchemaCache;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -36,6 +37,8 @@ pub struct ApiState {
     pub pool: McpPool,
     /// Caller credentials.
     pub callers: Arc<Callers>,
+    /// Compiled tool input schemas.
+    pub schemas: Arc<SchemaCache>,
     /// Prometheus recorder, when installed.
     pub metrics: Option<PrometheusHandle>,
 }
@@ -171,7 +174,15 @@ async fn call(Caller(task): Caller, State(state): State<ApiState>, body: Bytes) 
         }
     };
     let started = Instant::now();
-    match call_tool(&state.snapshot.current(), &state.pool, &task, &request).await {
+    match call_tool(
+        &state.snapshot.current(),
+        &state.pool,
+        &state.schemas,
+        &task,
+        &request,
+    )
+    .await
+    {
         Ok(done) => {
             let mut body =
                 json!({"content": done.outcome.result.content, "is_error": done.is_error()});

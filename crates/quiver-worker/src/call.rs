@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::auth::Task;
 use crate::catalog::{Catalog, CatalogTool};
+use crate::schema::SchemaCache;
 
 /// A request to run one tool.
 #[derive(Debug, Clone, Deserialize)]
@@ -126,10 +127,12 @@ fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
     }
 }
 
-/// Resolves `request.name` against what `task` may use and runs the tool.
+/// Resolves `request.name` against what `task` may use, checks the
+/// arguments against the tool's input schema, and runs the tool.
 pub async fn call_tool(
     snapshot: &Snapshot,
     pool: &McpPool,
+    schemas: &SchemaCache,
     task: &Task,
     request: &ToolCall,
 ) -> Result<CallDone, CallError> {
@@ -164,6 +167,9 @@ pub async fn call_tool(
         )));
     }
     let arguments = arguments_object(request.arguments.clone())?;
+    schemas
+        .check(&tool.tool.input_schema, &arguments)
+        .map_err(CallError::InvalidArguments)?;
     let argument_keys: Vec<&str> = arguments.keys().map(String::as_str).collect();
     let result = pool
         .call_tool(&tool.server, tool.tool_name(), Some(arguments.clone()))

@@ -7,16 +7,62 @@
 //! server outside the policy — can never be executed (R-NAME-2).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use quiver_mcp::{McpError, McpPool, Tool};
 use quiver_model::naming::{parse_compat_name, parse_injected_name};
+use quiver_model::pattern::PatternError;
 use quiver_model::policy::{
     CompiledSessionFilter, CompiledTaskPolicy, Decision, RejectReason, ServerToolFilter,
     evaluate_tools, server_selected,
 };
-use quiver_model::{ApprovalMode, ApprovalPolicy, StoredServer};
+use quiver_model::{ApprovalMode, ApprovalPolicy, McpServerSpec, StoredServer};
 use quiver_sync::Snapshot;
+
+/// Compiled filters kept at most; the cache starts over when full.
+const FILTER_CACHE_LIMIT: usize = 4096;
+
+/// A record's compiled `allowed_tools` / `denied_tools`, with the lists it
+/// was compiled from.
+struct CachedFilter {
+    allowed: Vec<String>,
+    denied: Vec<String>,
+    filter: Arc<ServerToolFilter>,
+}
+
+/// Compiled server tool filters by server id. Compiling the patterns builds
+/// a regex and costs far more than the rest of a catalog (tens of
+/// microseconds per server and request), while the lists change only when
+/// the record does; an entry is used only while the record's lists are
+/// exactly the ones it was compiled from.
+static FILTERS: LazyLock<Mutex<HashMap<String, CachedFilter>>> = LazyLock::new(Mutex::default);
+
+/// `ServerToolFilter::new(spec)`, compiled once per distinct lists.
+fn server_filter(spec: &McpServerSpec) -> Result<Arc<ServerToolFilter>, PatternError> {
+    let cached = FILTERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&spec.server_id)
+        .filter(|c| c.allowed == spec.allowed_tools && c.denied == spec.denied_tools)
+        .map(|c| c.filter.clone());
+    if let Some(filter) = cached {
+        return Ok(filter);
+    }
+    let filter = Arc::new(ServerToolFilter::new(spec)?);
+    let mut filters = FILTERS.lock().unwrap_or_else(|p| p.into_inner());
+    if filters.len() >= FILTER_CACHE_LIMIT {
+        filters.clear();
+    }
+    filters.insert(
+        spec.server_id.clone(),
+        CachedFilter {
+            allowed: spec.allowed_tools.clone(),
+            denied: spec.denied_tools.clone(),
+            filter: filter.clone(),
+        },
+    );
+    Ok(filter)
+}
 
 /// One injected tool.
 #[derive(Debug, Clone)]
@@ -110,7 +156,7 @@ impl Catalog {
                     continue;
                 }
             };
-            let Ok(filter) = ServerToolFilter::new(&server.spec) else {
+            let Ok(filter) = server_filter(&server.spec) else {
                 continue;
             };
             let by_name: HashMap<&str, &Tool> =
@@ -178,5 +224,33 @@ impl Catalog {
         self.tools.iter().find(|tool| {
             tool.server_id() == reference.server_id && tool.exposed_name == reference.tool_name
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quiver_model::Transport;
+
+    use super::*;
+
+    #[test]
+    fn compiled_filters_are_reused_only_for_the_same_lists() {
+        let mut spec = McpServerSpec::new("filter-cache-test", Transport::Stdio);
+        spec.allowed_tools = vec!["read_*".into()];
+        let first = server_filter(&spec).unwrap();
+        assert!(Arc::ptr_eq(&first, &server_filter(&spec).unwrap()));
+        assert!(first.check("read_file").is_ok());
+        assert!(first.check("write_file").is_err());
+
+        spec.allowed_tools = vec!["write_*".into()];
+        let second = server_filter(&spec).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(second.check("read_file").is_err());
+        assert!(second.check("write_file").is_ok());
+
+        spec.denied_tools = vec!["write_secret".into()];
+        let third = server_filter(&spec).unwrap();
+        assert!(third.check("write_secret").is_err());
+        assert!(third.check("write_file").is_ok());
     }
 }

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod call;
 pub mod catalog;
 pub mod health;
+pub mod schema;
 mod service;
 
 pub use service::{Worker, WorkerError, WorkerOptions};

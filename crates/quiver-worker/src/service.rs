@@ -1,6 +1,7 @@
 //! The worker process: registry sync, the MCP pool fed by its snapshots, and
 //! the HTTP API, stopped through one cancellation token.
 
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +87,7 @@ impl Worker {
             snapshot: sync.handle(),
             pool,
             callers,
+            schemas: Arc::default(),
             metrics: options.metrics.clone(),
         };
         Ok(Worker {
@@ -134,8 +136,14 @@ impl Worker {
         ));
         let pool = state.pool.clone();
         let app = router(state);
-        let served =
-            axum::serve(listener, app).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let served = axum::serve(
+            listener.tap_io(|tcp| {
+                // Answers are small and latency-bound: never wait for delayed ACKs.
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let result = tokio::select! {
             result = served => result.map_err(WorkerError::Serve),
             () = async {

@@ -14,6 +14,7 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use quiver_testkit::legacy_sse;
 use quiver_testkit::mcp_server::{Profile, TestServer, serve_stdio, serve_streamable_http};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +29,8 @@ enum TransportArg {
     Stdio,
     /// MCP Streamable HTTP at `/mcp`.
     StreamableHttp,
+    /// The legacy HTTP+SSE transport (2024-11-05): `GET /sse`, `POST /message`.
+    Sse,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -106,6 +109,10 @@ async fn main() -> anyhow::Result<()> {
         TransportArg::StreamableHttp => {
             let listener = bind_and_announce(&args.listen, "/mcp").await?;
             serve_streamable_http(move || server.clone(), listener, shutdown_on_signal()).await?;
+        }
+        TransportArg::Sse => {
+            let listener = bind_and_announce(&args.listen, legacy_sse::SSE_PATH).await?;
+            legacy_sse::serve(listener, move || server.clone(), shutdown_on_signal()).await?;
         }
     }
     Ok(())

@@ -1,0 +1,1322 @@
+//! Worker benchmark (issue #3): what the worker's pooled MCP connections and
+//! its tool API cost, each against a baseline measured in the same run.
+//!
+//! Everything is real: the `quiver-testkit-mcp` binary as the stdio MCP
+//! server, the testkit's `TestServer` over streamable HTTP, an in-process
+//! registry (`Registry::start` over SQLite in a temp file) holding one record
+//! per transport (`allowed_tools = ["*"]`, `max_concurrency` = the number of
+//! concurrent callers), and an in-process worker (`Worker::start` +
+//! `Worker::run`) synced to it and called over loopback HTTP with a caller
+//! token. Every call is the testkit's `echo` tool with a short text. The
+//! callers, the worker (with the registry) and the HTTP MCP server run on
+//! three separate tokio runtimes with named threads, as if they were three
+//! processes, so the CPU each one uses per call can be reported.
+//!
+//! 1. **Pooled call vs spawn-per-call** (stdio). Baseline: for every call,
+//!    spawn the server with rmcp's `TokioChildProcess`, `initialize`, call
+//!    `echo`, close (stdin closed, child reaped): what a system without a
+//!    pool does. Quiver: the same call through the worker's `McpPool` on its
+//!    warm connection to the same binary. For reference: the same through the
+//!    worker's HTTP tool API, and a direct rmcp client on its own warm child.
+//!    Goal: pooled ≥ 100× faster.
+//! 2. **Worker tool API vs a direct rmcp client** (streamable HTTP, one warm
+//!    server). Baseline: an rmcp client (`StreamableHttpClientTransport`,
+//!    `max_concurrent_requests` = the number of concurrent callers) calling
+//!    `echo` sequentially and from `QUIVER_BENCH_CONCURRENCY` concurrent
+//!    callers. Quiver: `POST /v1/mcp/tools/call` with the injected name, over
+//!    one shared keep-alive reqwest client, measured the same way. Goals: p50
+//!    latency ratio (worker / direct) ≤ 1.25×; throughput ratio at 64
+//!    concurrent callers (worker / direct) ≥ 0.7×. To locate the overhead,
+//!    the sequential phase also times the layers in between: the pool alone
+//!    (`McpPool::call_tool`), the worker's call path without HTTP
+//!    (`quiver_worker::call::call_tool`), its catalog alone (`Catalog::build`
+//!    and `resolve`, no I/O) and an HTTP round trip to the worker that does
+//!    nothing (`GET /healthz`).
+//!
+//! The routes of one comparison run in alternating rounds, so a change in the
+//! machine's load hits all of them alike.
+//!
+//! The HTTP MCP server runs in this process with `TCP_NODELAY` on its
+//! sockets, like `quiver_testkit::mcp_server::serve_streamable_http`.
+//! `QUIVER_BENCH_HTTP_SERVER=binary` uses `quiver-testkit-mcp --transport
+//! streamable-http` instead (its CPU is then not counted), and
+//! `=in-process-nagle` leaves Nagle's algorithm on, which makes every call
+//! about 40 ms late for the direct client and the worker alike (rmcp writes
+//! the SSE answer in parts, and the part with the result waits for the
+//! client's delayed ACK).
+//!
+//! Build the server binary first, in the profile `cargo bench` uses:
+//! `cargo build --release -p quiver-testkit && cargo bench -p quiver-worker
+//! --bench tools` (`QUIVER_BENCH_MCP_BIN` overrides the binary's path).
+//! Sizes come from environment variables (defaults in brackets):
+//! `QUIVER_BENCH_SPAWNS` [200] spawn-per-call samples, `QUIVER_BENCH_CALLS`
+//! [4000] sequential calls per route, `QUIVER_BENCH_CONCURRENCY` [64]
+//! concurrent callers, `QUIVER_BENCH_CONCURRENT_CALLS` [12800] calls per
+//! concurrent phase, `QUIVER_BENCH_ROUNDS` [8] alternating rounds,
+//! `QUIVER_BENCH_WARMUP` [200] untimed calls per route.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::serve::ListenerExt;
+use quiver_mcp::{McpPool, PoolOptions};
+use quiver_model::policy::CompiledTaskPolicy;
+use quiver_model::{HttpConfig, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
+use quiver_registry::auth::AuthConfig;
+use quiver_registry::{Registry, RegistryOptions};
+use quiver_store::{SqlStore, Store, UpsertRequest};
+use quiver_sync::{SnapshotHandle, SyncOptions};
+use quiver_testkit::mcp_server::{Profile, TestServer};
+use quiver_worker::auth::{CallerToken, CallersConfig, Task};
+use quiver_worker::call::{ToolCall, call_tool};
+use quiver_worker::catalog::Catalog;
+use quiver_worker::schema::SchemaCache;
+use quiver_worker::{Worker, WorkerOptions};
+use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const WORKER_TOKEN: &str = "bench-worker-token";
+const ADMIN_TOKEN: &str = "bench-admin-token";
+const CALLER_TOKEN: &str = "bench-caller-token";
+const STDIO_ID: &str = "bench-stdio";
+const HTTP_ID: &str = "bench-http";
+const ECHO_TEXT: &str = "hello from the quiver benchmark";
+/// Bound on anything that should be quick.
+const WAIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------- config
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    spawns: usize,
+    calls: usize,
+    concurrency: usize,
+    concurrent_calls: usize,
+    rounds: usize,
+    warmup: usize,
+    http_server: ServerKind,
+}
+
+/// Where the streamable-HTTP server of the API comparison runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerKind {
+    /// In this process, on its own runtime.
+    InProcess {
+        /// `TCP_NODELAY` on the server's sockets.
+        nodelay: bool,
+    },
+    /// The `quiver-testkit-mcp` binary.
+    Binary,
+}
+
+impl ServerKind {
+    fn describe(self) -> &'static str {
+        match self {
+            ServerKind::InProcess { nodelay: true } => "in-process, TCP_NODELAY",
+            ServerKind::InProcess { nodelay: false } => "in-process, Nagle on",
+            ServerKind::Binary => "quiver-testkit-mcp binary",
+        }
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a positive integer, got {value:?}")),
+        Err(_) => default,
+    }
+}
+
+impl Config {
+    fn from_env() -> Self {
+        Config {
+            spawns: env_usize("QUIVER_BENCH_SPAWNS", 200).max(1),
+            calls: env_usize("QUIVER_BENCH_CALLS", 4000).max(1),
+            concurrency: env_usize("QUIVER_BENCH_CONCURRENCY", 64).max(1),
+            concurrent_calls: env_usize("QUIVER_BENCH_CONCURRENT_CALLS", 12800).max(1),
+            rounds: env_usize("QUIVER_BENCH_ROUNDS", 8).max(1),
+            warmup: env_usize("QUIVER_BENCH_WARMUP", 200),
+            http_server: match std::env::var("QUIVER_BENCH_HTTP_SERVER").as_deref() {
+                Ok("in-process") | Err(_) => ServerKind::InProcess { nodelay: true },
+                Ok("in-process-nagle") => ServerKind::InProcess { nodelay: false },
+                Ok("binary") => ServerKind::Binary,
+                Ok(other) => panic!(
+                    "QUIVER_BENCH_HTTP_SERVER must be in-process, in-process-nagle or binary, got {other:?}"
+                ),
+            },
+        }
+    }
+}
+
+/// The `quiver-testkit-mcp` binary of this build profile: benches run from
+/// `target/<profile>/deps/`, binaries live in `target/<profile>/`.
+fn server_binary() -> BenchResult<PathBuf> {
+    let binary = match std::env::var_os("QUIVER_BENCH_MCP_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(|deps| deps.parent())
+            .ok_or("cannot locate the target directory from the benchmark's path")?
+            .join("quiver-testkit-mcp"),
+    };
+    if !binary.is_file() {
+        return Err(format!(
+            "{} not found: build it first with `cargo build --release -p quiver-testkit` \
+             (or point QUIVER_BENCH_MCP_BIN at it)",
+            binary.display()
+        )
+        .into());
+    }
+    Ok(binary)
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Latency samples, sorted.
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn new(mut samples: Vec<Duration>) -> Self {
+        samples.sort_unstable();
+        Samples(samples)
+    }
+
+    /// Nearest-rank percentile, `p` in (0, 1].
+    fn percentile(&self, p: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = (p * self.0.len() as f64).ceil() as usize;
+        self.0[rank.clamp(1, self.0.len()) - 1]
+    }
+
+    fn p50(&self) -> Duration {
+        self.percentile(0.50)
+    }
+
+    fn p99(&self) -> Duration {
+        self.percentile(0.99)
+    }
+
+    fn mean(&self) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        self.0.iter().sum::<Duration>() / self.0.len() as u32
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Thread-name prefixes of the runtimes, and the CPU groups they form.
+const CLIENT_THREADS: &str = "bench-client";
+const WORKER_THREADS: &str = "quiver-worker";
+const SERVER_THREADS: &str = "mcp-server";
+
+/// CPU time used so far by this process's threads, by group: the benchmark's
+/// callers (`client`), the registry and worker (`worker`), the in-process MCP
+/// server (`server`) and anything else. From `/proc/self/task/*/schedstat`
+/// (nanoseconds on CPU); empty where that is not available.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    client: Duration,
+    worker: Duration,
+    server: Duration,
+    other: Duration,
+}
+
+impl Cpu {
+    fn now() -> Cpu {
+        let mut cpu = Cpu::default();
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return cpu;
+        };
+        for task in tasks.flatten() {
+            let path = task.path();
+            let (Ok(comm), Ok(schedstat)) = (
+                std::fs::read_to_string(path.join("comm")),
+                std::fs::read_to_string(path.join("schedstat")),
+            ) else {
+                continue;
+            };
+            let Some(ns) = schedstat
+                .split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse().ok())
+            else {
+                continue;
+            };
+            let used = Duration::from_nanos(ns);
+            let comm = comm.trim();
+            if comm.starts_with(CLIENT_THREADS) {
+                cpu.client += used;
+            } else if comm.starts_with(WORKER_THREADS) {
+                cpu.worker += used;
+            } else if comm.starts_with(SERVER_THREADS) {
+                cpu.server += used;
+            } else {
+                cpu.other += used;
+            }
+        }
+        cpu
+    }
+
+    fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            client: self.client.saturating_sub(earlier.client),
+            worker: self.worker.saturating_sub(earlier.worker),
+            server: self.server.saturating_sub(earlier.server),
+            other: self.other.saturating_sub(earlier.other),
+        }
+    }
+
+    fn add(&mut self, other: Cpu) {
+        self.client += other.client;
+        self.worker += other.worker;
+        self.server += other.server;
+        self.other += other.other;
+    }
+
+    fn total(self) -> Duration {
+        self.client + self.worker + self.server + self.other
+    }
+}
+
+/// Samples gathered over several rounds, with the time and CPU they took.
+#[derive(Default)]
+struct Gathered {
+    latencies: Vec<Duration>,
+    ops: usize,
+    elapsed: Duration,
+    cpu: Cpu,
+}
+
+impl Gathered {
+    fn add(&mut self, latencies: Vec<Duration>, elapsed: Duration) {
+        self.ops += latencies.len();
+        self.latencies.extend(latencies);
+        self.elapsed += elapsed;
+    }
+
+    /// CPU per operation, by group, in microseconds.
+    fn cpu_per_op(&self) -> (f64, f64, f64, f64, f64) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.ops.max(1) as f64;
+        let cpu = self.cpu;
+        (
+            per(cpu.client),
+            per(cpu.worker),
+            per(cpu.server),
+            per(cpu.other),
+            per(cpu.total()),
+        )
+    }
+
+    fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn samples(self) -> Samples {
+        Samples::new(self.latencies)
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+struct Row {
+    metric: String,
+    value: String,
+    baseline: String,
+    ratio: String,
+    goal: String,
+}
+
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn add(&mut self, metric: impl Into<String>, value: String, baseline: String, ratio: String) {
+        self.rows.push(Row {
+            metric: metric.into(),
+            value,
+            baseline,
+            ratio,
+            goal: String::new(),
+        });
+    }
+
+    /// A latency row; the ratio is `value / baseline`.
+    fn latency(
+        &mut self,
+        metric: impl Into<String>,
+        value: Duration,
+        baseline_name: &str,
+        baseline: Duration,
+    ) -> f64 {
+        let ratio = value.as_secs_f64() / baseline.as_secs_f64();
+        self.add(
+            metric,
+            format!("{:.3} ms", ms(value)),
+            format!("{baseline_name}: {:.3} ms", ms(baseline)),
+            format!("{ratio:.2}×"),
+        );
+        ratio
+    }
+
+    /// A speed-up row; the ratio is `baseline / value` (how many times faster).
+    fn speedup(
+        &mut self,
+        metric: impl Into<String>,
+        value: Duration,
+        baseline_name: &str,
+        baseline: Duration,
+    ) -> f64 {
+        let ratio = baseline.as_secs_f64() / value.as_secs_f64();
+        self.add(
+            metric,
+            format!("{:.3} ms", ms(value)),
+            format!("{baseline_name}: {:.3} ms", ms(baseline)),
+            format!("{ratio:.0}× faster"),
+        );
+        ratio
+    }
+
+    /// A throughput row; the ratio is `value / baseline`.
+    fn throughput(
+        &mut self,
+        metric: impl Into<String>,
+        value: f64,
+        baseline_name: &str,
+        baseline: f64,
+    ) -> f64 {
+        let ratio = value / baseline;
+        self.add(
+            metric,
+            format!("{value:.0} ops/s"),
+            format!("{baseline_name}: {baseline:.0} ops/s"),
+            format!("{ratio:.2}×"),
+        );
+        ratio
+    }
+
+    /// Marks the last row with a goal and whether it is met.
+    fn goal(&mut self, goal: &str, met: bool) {
+        if let Some(row) = self.rows.last_mut() {
+            row.goal = format!("{goal}: {}", if met { "met" } else { "MISSED" });
+        }
+    }
+
+    fn print(&self) {
+        println!("| metric | value | baseline (same run) | ratio | goal |");
+        println!("|---|---:|---|---:|---|");
+        for row in &self.rows {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                row.metric, row.value, row.baseline, row.ratio, row.goal
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- set-up
+
+/// The streamable-HTTP MCP server of the API comparison; stopped when
+/// dropped.
+enum HttpServer {
+    /// The testkit server on its own runtime and threads in this process
+    /// (like a separate process, but with `TCP_NODELAY` chosen here).
+    InProcess {
+        url: String,
+        shutdown: CancellationToken,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+    /// The `quiver-testkit-mcp` binary (`--transport streamable-http`).
+    Binary {
+        url: String,
+        _child: tokio::process::Child,
+    },
+}
+
+impl HttpServer {
+    fn url(&self) -> &str {
+        match self {
+            HttpServer::InProcess { url, .. } | HttpServer::Binary { url, .. } => url,
+        }
+    }
+
+    /// Serves [`TestServer`] like `quiver_testkit::mcp_server::serve_streamable_http`
+    /// does, on a runtime of its own (one worker thread per core, as the
+    /// binary has), optionally with `TCP_NODELAY` on its sockets.
+    fn in_process(nodelay: bool) -> BenchResult<Self> {
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name(SERVER_THREADS.into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .thread_name(SERVER_THREADS)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(err) => {
+                        let _ = tx.send(Err(err.to_string()));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", 0)).await {
+                        Ok(listener) => listener,
+                        Err(err) => {
+                            let _ = tx.send(Err(err.to_string()));
+                            return;
+                        }
+                    };
+                    let addr = listener.local_addr().map_err(|err| err.to_string());
+                    let _ = tx.send(addr.map(|addr| format!("http://{addr}/mcp")));
+                    let server = TestServer::new(Profile::Full);
+                    let config = StreamableHttpServerConfig::default()
+                        .disable_allowed_hosts()
+                        .with_cancellation_token(stop.child_token());
+                    let service: StreamableHttpService<TestServer, LocalSessionManager> =
+                        StreamableHttpService::new(
+                            move || Ok(server.clone()),
+                            Arc::new(LocalSessionManager::default()),
+                            config,
+                        );
+                    let router = axum::Router::new().nest_service("/mcp", service);
+                    let listener = listener.tap_io(move |tcp| {
+                        if nodelay {
+                            let _ = tcp.set_nodelay(true);
+                        }
+                    });
+                    let served = axum::serve(listener, router)
+                        .with_graceful_shutdown(stop.cancelled_owned())
+                        .await;
+                    if let Err(err) = served {
+                        eprintln!("mcp server stopped with an error: {err}");
+                    }
+                });
+            })?;
+        let url = rx.recv_timeout(WAIT)??;
+        Ok(HttpServer::InProcess {
+            url,
+            shutdown,
+            thread: Some(thread),
+        })
+    }
+
+    async fn binary(binary: &std::path::Path) -> BenchResult<Self> {
+        let mut child = tokio::process::Command::new(binary)
+            .args(["--transport", "streamable-http", "--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await??
+            .ok_or("the HTTP server exited before announcing its address")?;
+        let announced: Value = serde_json::from_str(&line)?;
+        let url = announced["listening"]
+            .as_str()
+            .ok_or_else(|| format!("unexpected first line from the HTTP server: {line}"))?
+            .to_owned();
+        Ok(HttpServer::Binary { url, _child: child })
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        if let HttpServer::InProcess {
+            shutdown, thread, ..
+        } = self
+        {
+            shutdown.cancel();
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+fn stdio_spec(binary: &std::path::Path, max_concurrency: u32) -> McpServerSpec {
+    let mut spec = McpServerSpec::new(STDIO_ID, Transport::Stdio);
+    spec.stdio = Some(StdioConfig {
+        command: binary.display().to_string(),
+        args: vec!["--transport".into(), "stdio".into()],
+        ..Default::default()
+    });
+    spec.allowed_tools = vec!["*".into()];
+    spec.budgets.max_concurrency = max_concurrency;
+    spec
+}
+
+fn http_spec(url: &str, max_concurrency: u32) -> McpServerSpec {
+    let mut spec = McpServerSpec::new(HTTP_ID, Transport::StreamableHttp);
+    spec.http = Some(HttpConfig {
+        url: url.to_owned(),
+        headers: BTreeMap::new(),
+        auth_ref: None,
+    });
+    spec.allowed_tools = vec!["*".into()];
+    spec.budgets.max_concurrency = max_concurrency;
+    spec
+}
+
+/// Registry and worker served in this process, stopped by one token.
+struct Stack {
+    shutdown: CancellationToken,
+    worker_url: String,
+    snapshot: SnapshotHandle,
+    pool: McpPool,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _scratch: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start(specs: Vec<McpServerSpec>) -> BenchResult<Self> {
+        let scratch = tempfile::tempdir()?;
+        let url = format!("sqlite://{}", scratch.path().join("registry.db").display());
+        let store: Arc<dyn Store> = Arc::new(SqlStore::open_sqlite(&url).await?);
+        let ids: Vec<String> = specs.iter().map(|s| s.server_id.clone()).collect();
+        for spec in specs {
+            store
+                .upsert(UpsertRequest {
+                    spec,
+                    expected_revision: None,
+                    actor: "bench".into(),
+                    source: Source::Api,
+                })
+                .await?;
+        }
+        let shutdown = CancellationToken::new();
+        let registry = Registry::start(
+            store,
+            RegistryOptions {
+                grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                auth: AuthConfig {
+                    admin_token: Some(ADMIN_TOKEN.into()),
+                    worker_token: Some(WORKER_TOKEN.into()),
+                    insecure_no_auth: false,
+                },
+                mcp_dir: None,
+                rescan_interval: None,
+                change_log_retention: None,
+                shutdown_grace: Duration::from_secs(1),
+                ..RegistryOptions::default()
+            },
+            shutdown.clone(),
+        )
+        .await?;
+        let registry_url = format!("http://{}", registry.grpc_addr());
+        let worker = Worker::start(
+            WorkerOptions {
+                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                sync: SyncOptions {
+                    registry_url,
+                    token: Some(WORKER_TOKEN.into()),
+                    worker_id: "bench".into(),
+                    ..SyncOptions::default()
+                },
+                pool: PoolOptions::default(),
+                callers: CallersConfig {
+                    callers: vec![CallerToken {
+                        token: CALLER_TOKEN.into(),
+                        task: "default".into(),
+                    }],
+                    ..CallersConfig::default()
+                },
+                warm_up: ids.clone(),
+                shutdown_grace: Duration::from_secs(1),
+                metrics: None,
+            },
+            shutdown.clone(),
+        )
+        .await?;
+        let worker_url = format!("http://{}", worker.http_addr());
+        let snapshot = worker.snapshot();
+        let pool = worker.pool();
+        let tasks = vec![
+            tokio::spawn(async move {
+                if let Err(err) = registry.run().await {
+                    eprintln!("registry stopped with an error: {err}");
+                }
+            }),
+            tokio::spawn(async move {
+                if let Err(err) = worker.run().await {
+                    eprintln!("worker stopped with an error: {err}");
+                }
+            }),
+        ];
+        let stack = Stack {
+            shutdown,
+            worker_url,
+            snapshot,
+            pool,
+            tasks,
+            _scratch: scratch,
+        };
+        // Synced and warm: every record in the snapshot, its tools listed.
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let current = stack.snapshot.current();
+                if ids.iter().all(|id| current.get(id).is_some()) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .map_err(|_| "the worker did not sync the benchmark records in time")?;
+        for id in &ids {
+            stack.pool.list_tools(&stack.server(id)?).await?;
+        }
+        Ok(stack)
+    }
+
+    fn server(&self, id: &str) -> BenchResult<Arc<StoredServer>> {
+        Ok(self
+            .snapshot
+            .current()
+            .get(id)
+            .ok_or_else(|| format!("{id} is not in the worker's snapshot"))?
+            .clone())
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+fn echo_arguments() -> JsonObject {
+    let Value::Object(map) = json!({ "text": ECHO_TEXT }) else {
+        unreachable!("a JSON object literal")
+    };
+    map
+}
+
+fn echo_request() -> CallToolRequestParams {
+    CallToolRequestParams::new("echo").with_arguments(echo_arguments())
+}
+
+// ---------------------------------------------------------------- one call per path
+
+/// One way of calling `echo`; cheap to clone into concurrent callers.
+#[derive(Clone)]
+enum Route {
+    /// A direct rmcp client on its own warm connection.
+    Direct(Peer<RoleClient>),
+    /// `McpPool::call_tool` of the worker's pool.
+    Pool(McpPool, Arc<StoredServer>),
+    /// `quiver_worker::call::call_tool`: catalog, policy, argument schema
+    /// check and pool, no HTTP.
+    CallTool(SnapshotHandle, McpPool, Arc<SchemaCache>, Task, String),
+    /// `Catalog::build` for the name's candidate servers and `resolve`: the
+    /// per-call policy work alone (tool lists come from the pool's cache).
+    Catalog(SnapshotHandle, McpPool, Task, String),
+    /// `POST /v1/mcp/tools/call` on the worker.
+    WorkerApi(reqwest::Client, reqwest::Url, Arc<Vec<u8>>),
+    /// `GET /healthz` on the worker: an HTTP round trip that does nothing.
+    Healthz(reqwest::Client, reqwest::Url),
+}
+
+impl Route {
+    async fn call(&self) -> BenchResult<()> {
+        match self {
+            Route::Direct(peer) => {
+                let result = peer.call_tool(echo_request()).await?;
+                check_echo(
+                    result.is_error,
+                    result
+                        .content
+                        .first()
+                        .and_then(|c| c.as_text())
+                        .map(|t| t.text.as_str()),
+                )
+            }
+            Route::Pool(pool, server) => {
+                let outcome = pool
+                    .call_tool(server, "echo", Some(echo_arguments()))
+                    .await?;
+                let result = &outcome.result;
+                check_echo(
+                    result.is_error,
+                    result
+                        .content
+                        .first()
+                        .and_then(|c| c.as_text())
+                        .map(|t| t.text.as_str()),
+                )
+            }
+            Route::CallTool(snapshot, pool, schemas, task, name) => {
+                let request = ToolCall {
+                    name: name.clone(),
+                    arguments: Some(Value::Object(echo_arguments())),
+                };
+                let done = call_tool(&snapshot.current(), pool, schemas, task, &request).await?;
+                let result = &done.outcome.result;
+                check_echo(
+                    result.is_error,
+                    result
+                        .content
+                        .first()
+                        .and_then(|c| c.as_text())
+                        .map(|t| t.text.as_str()),
+                )
+            }
+            Route::Catalog(snapshot, pool, task, name) => {
+                let candidates = Catalog::candidate_servers(name);
+                let catalog = Catalog::build(
+                    &snapshot.current(),
+                    pool,
+                    &task.policy,
+                    None,
+                    Some(&candidates),
+                )
+                .await;
+                if catalog.resolve(name).is_none() {
+                    return Err(format!("{name} does not resolve").into());
+                }
+                Ok(())
+            }
+            Route::WorkerApi(client, url, body) => {
+                let response = client
+                    .post(url.clone())
+                    .bearer_auth(CALLER_TOKEN)
+                    .header("content-type", "application/json")
+                    .body(body.as_ref().clone())
+                    .send()
+                    .await?;
+                let status = response.status();
+                let bytes = response.bytes().await?;
+                if !status.is_success() {
+                    return Err(format!(
+                        "worker answered {status}: {}",
+                        String::from_utf8_lossy(&bytes)
+                    )
+                    .into());
+                }
+                // Parsed as a caller would.
+                let body: Value = serde_json::from_slice(&bytes)?;
+                check_echo(
+                    body["is_error"].as_bool(),
+                    body["content"][0]["text"].as_str(),
+                )
+            }
+            Route::Healthz(client, url) => {
+                let response = client.get(url.clone()).send().await?;
+                let status = response.status();
+                response.bytes().await?;
+                if !status.is_success() {
+                    return Err(format!("/healthz answered {status}").into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check_echo(is_error: Option<bool>, text: Option<&str>) -> BenchResult<()> {
+    if is_error == Some(true) || text != Some(ECHO_TEXT) {
+        return Err(format!("unexpected echo result: is_error={is_error:?}, text={text:?}").into());
+    }
+    Ok(())
+}
+
+/// `count` sequential calls; per-call latencies and the wall time.
+async fn sequential(path: &Route, count: usize) -> BenchResult<(Vec<Duration>, Duration)> {
+    let mut latencies = Vec::with_capacity(count);
+    let started = Instant::now();
+    for _ in 0..count {
+        let t0 = Instant::now();
+        path.call().await?;
+        latencies.push(t0.elapsed());
+    }
+    Ok((latencies, started.elapsed()))
+}
+
+/// `count` calls spread over `callers` concurrent callers.
+async fn concurrent(
+    path: &Route,
+    callers: usize,
+    count: usize,
+) -> BenchResult<(Vec<Duration>, Duration)> {
+    let per_caller = count.div_ceil(callers);
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for _ in 0..callers {
+        let path = path.clone();
+        tasks.spawn(async move { sequential(&path, per_caller).await });
+    }
+    let mut latencies = Vec::with_capacity(per_caller * callers);
+    while let Some(joined) = tasks.join_next().await {
+        latencies.extend(joined??.0);
+    }
+    Ok((latencies, started.elapsed()))
+}
+
+/// Runs every path's phase in `rounds` alternating rounds of `count /
+/// rounds` operations and gathers each path's samples.
+async fn alternate<'a, F, Fut>(
+    routes: &'a [(&'static str, Route)],
+    rounds: usize,
+    count: usize,
+    phase: F,
+) -> BenchResult<Vec<Gathered>>
+where
+    F: Fn(&'a Route, usize) -> Fut,
+    Fut: Future<Output = BenchResult<(Vec<Duration>, Duration)>>,
+{
+    let mut gathered: Vec<Gathered> = routes.iter().map(|_| Gathered::default()).collect();
+    let per_round = count.div_ceil(rounds);
+    for _ in 0..rounds {
+        for ((_, path), gathered) in routes.iter().zip(&mut gathered) {
+            let before = Cpu::now();
+            let (latencies, elapsed) = phase(path, per_round).await?;
+            gathered.cpu.add(Cpu::now().since(before));
+            gathered.add(latencies, elapsed);
+        }
+    }
+    Ok(gathered)
+}
+
+// ---------------------------------------------------------------- 1. spawn per call
+
+/// One call the way a pool-less system makes it: spawn, initialize, call,
+/// close. Returns the time to the result and the time to a reaped child.
+async fn spawn_per_call(binary: &std::path::Path) -> BenchResult<(Duration, Duration)> {
+    let t0 = Instant::now();
+    let mut command = tokio::process::Command::new(binary);
+    command.args(["--transport", "stdio"]);
+    let (transport, _stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let service: RunningService<RoleClient, ()> = ().serve(transport).await?;
+    let result = service.peer().call_tool(echo_request()).await?;
+    let answered = t0.elapsed();
+    check_echo(
+        result.is_error,
+        result
+            .content
+            .first()
+            .and_then(|c| c.as_text())
+            .map(|t| t.text.as_str()),
+    )?;
+    service.cancel().await?;
+    Ok((answered, t0.elapsed()))
+}
+
+async fn bench_spawn(
+    config: Config,
+    binary: &std::path::Path,
+    stack: &Stack,
+    report: &mut Report,
+) -> BenchResult<()> {
+    let server = stack.server(STDIO_ID)?;
+    let http = reqwest::Client::new();
+    let injected = quiver_model::naming::injected_name(STDIO_ID, "echo")?;
+    let body = Arc::new(serde_json::to_vec(
+        &json!({"name": injected, "arguments": {"text": ECHO_TEXT}}),
+    )?);
+    let pooled = Route::Pool(stack.pool.clone(), server);
+    // A direct rmcp client on its own warm child: the stdio round trip alone.
+    let mut command = tokio::process::Command::new(binary);
+    command.args(["--transport", "stdio"]);
+    let (transport, _stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let direct_service: RunningService<RoleClient, ()> =
+        tokio::time::timeout(WAIT, ().serve(transport)).await??;
+    let direct = Route::Direct(direct_service.peer().clone());
+    let api = Route::WorkerApi(
+        http,
+        reqwest::Url::parse(&format!("{}/v1/mcp/tools/call", stack.worker_url))?,
+        body,
+    );
+
+    eprintln!("[1] warm-up");
+    for _ in 0..config.warmup.min(10) {
+        spawn_per_call(binary).await?;
+    }
+    sequential(&pooled, config.warmup).await?;
+    sequential(&api, config.warmup).await?;
+    sequential(&direct, config.warmup).await?;
+
+    eprintln!(
+        "[1] spawn-per-call ×{} vs pooled ×{}",
+        config.spawns, config.calls
+    );
+    let mut answered = Vec::with_capacity(config.spawns);
+    let mut closed = Vec::with_capacity(config.spawns);
+    let mut pool = Gathered::default();
+    let mut worker = Gathered::default();
+    let mut raw = Gathered::default();
+    let spawns_per_round = config.spawns.div_ceil(config.rounds);
+    let calls_per_round = config.calls.div_ceil(config.rounds);
+    for _ in 0..config.rounds {
+        for _ in 0..spawns_per_round {
+            let (a, c) = spawn_per_call(binary).await?;
+            answered.push(a);
+            closed.push(c);
+        }
+        let (latencies, elapsed) = sequential(&pooled, calls_per_round).await?;
+        pool.add(latencies, elapsed);
+        let (latencies, elapsed) = sequential(&api, calls_per_round).await?;
+        worker.add(latencies, elapsed);
+        let (latencies, elapsed) = sequential(&direct, calls_per_round).await?;
+        raw.add(latencies, elapsed);
+    }
+    direct_service.cancel().await?;
+    let answered = Samples::new(answered);
+    let closed = Samples::new(closed);
+    let pool = pool.samples();
+    let worker = worker.samples();
+    let raw = raw.samples();
+
+    let ratio = report.speedup(
+        "stdio: pooled call (McpPool) p50",
+        pool.p50(),
+        "spawn+init+call+close p50",
+        closed.p50(),
+    );
+    report.goal("≥ 100×", ratio >= 100.0);
+    let ratio = report.speedup(
+        "stdio: pooled call (McpPool) mean",
+        pool.mean(),
+        "spawn+init+call+close mean",
+        closed.mean(),
+    );
+    report.goal("≥ 100×", ratio >= 100.0);
+    report.speedup(
+        "stdio: pooled call (McpPool) p50",
+        pool.p50(),
+        "spawn+init+call, to the result, p50",
+        answered.p50(),
+    );
+    report.speedup(
+        "stdio: worker tool API (HTTP) p50",
+        worker.p50(),
+        "spawn+init+call+close p50",
+        closed.p50(),
+    );
+    report.speedup(
+        "stdio: worker tool API (HTTP) mean",
+        worker.mean(),
+        "spawn+init+call+close mean",
+        closed.mean(),
+    );
+    report.latency(
+        "stdio: pooled call (McpPool) p50",
+        pool.p50(),
+        "direct rmcp stdio client, warm, p50",
+        raw.p50(),
+    );
+    report.latency(
+        "stdio: pooled call (McpPool) p99",
+        pool.p99(),
+        "spawn+init+call+close p99",
+        closed.p99(),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- 2. worker API vs direct
+
+async fn bench_api(
+    config: Config,
+    stack: &Stack,
+    server_url: &str,
+    report: &mut Report,
+) -> BenchResult<()> {
+    let server = stack.server(HTTP_ID)?;
+    let injected = quiver_model::naming::injected_name(HTTP_ID, "echo")?;
+
+    // The worker lists the tool under its injected name.
+    let http = reqwest::Client::new();
+    let listed: Value = http
+        .get(format!(
+            "{}/v1/mcp/tools?server_ids={HTTP_ID}",
+            stack.worker_url
+        ))
+        .bearer_auth(CALLER_TOKEN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    if !listed
+        .as_array()
+        .is_some_and(|tools| tools.iter().any(|t| t["name"] == injected.as_str()))
+    {
+        return Err(format!("GET /v1/mcp/tools does not list {injected}: {listed}").into());
+    }
+
+    // Baseline: a direct rmcp client with room for every concurrent caller.
+    let mut transport_config = StreamableHttpClientTransportConfig::with_uri(server_url.to_owned());
+    transport_config.max_concurrent_requests = config.concurrency;
+    let transport =
+        StreamableHttpClientTransport::with_client(reqwest::Client::new(), transport_config);
+    let direct_service: RunningService<RoleClient, ()> =
+        tokio::time::timeout(WAIT, ().serve(transport)).await??;
+
+    let body = Arc::new(serde_json::to_vec(
+        &json!({"name": injected, "arguments": {"text": ECHO_TEXT}}),
+    )?);
+    let task = Task {
+        name: "default".into(),
+        policy: Arc::new(CompiledTaskPolicy::unrestricted()),
+    };
+    let direct = Route::Direct(direct_service.peer().clone());
+    let api = Route::WorkerApi(
+        http.clone(),
+        reqwest::Url::parse(&format!("{}/v1/mcp/tools/call", stack.worker_url))?,
+        body,
+    );
+    let pool = Route::Pool(stack.pool.clone(), server);
+    let catalog = Route::Catalog(
+        stack.snapshot.clone(),
+        stack.pool.clone(),
+        task.clone(),
+        injected.clone(),
+    );
+    let call_path = Route::CallTool(
+        stack.snapshot.clone(),
+        stack.pool.clone(),
+        Arc::default(),
+        task,
+        injected,
+    );
+    let healthz = Route::Healthz(
+        http,
+        reqwest::Url::parse(&format!("{}/healthz", stack.worker_url))?,
+    );
+
+    eprintln!("[2] warm-up");
+    for path in [&direct, &api, &pool, &catalog, &call_path, &healthz] {
+        sequential(path, config.warmup).await?;
+        concurrent(
+            path,
+            config.concurrency,
+            config.warmup.max(config.concurrency),
+        )
+        .await?;
+    }
+
+    eprintln!("[2] sequential, {} calls per route", config.calls);
+    let routes = [
+        ("direct", direct.clone()),
+        ("worker", api.clone()),
+        ("pool", pool),
+        ("catalog", catalog),
+        ("call_path", call_path),
+        ("healthz", healthz),
+    ];
+    let seq = alternate(&routes, config.rounds, config.calls, |path, n| {
+        sequential(path, n)
+    })
+    .await?;
+    let [s_direct, s_api, s_pool, s_catalog, s_call, s_healthz] =
+        <[Gathered; 6]>::try_from(seq).map_err(|_| "one result per path")?;
+
+    let callers = config.concurrency;
+    eprintln!(
+        "[2] {callers} concurrent callers, {} calls per route",
+        config.concurrent_calls
+    );
+    let routes = [("direct", direct), ("worker", api)];
+    let conc = alternate(
+        &routes,
+        config.rounds,
+        config.concurrent_calls,
+        |path, n| concurrent(path, callers, n),
+    )
+    .await?;
+    let [c_direct, c_api] = <[Gathered; 2]>::try_from(conc).map_err(|_| "one result per path")?;
+
+    let (seq_direct_rate, seq_api_rate) = (s_direct.ops_per_sec(), s_api.ops_per_sec());
+    let (c_direct_rate, c_api_rate) = (c_direct.ops_per_sec(), c_api.ops_per_sec());
+    let s_cpu = (s_api.cpu_per_op(), s_direct.cpu_per_op());
+    let c_cpu = (c_api.cpu_per_op(), c_direct.cpu_per_op());
+    let [s_direct, s_api, s_pool, s_catalog, s_call, s_healthz] =
+        [s_direct, s_api, s_pool, s_catalog, s_call, s_healthz].map(Gathered::samples);
+    let [c_direct, c_api] = [c_direct, c_api].map(Gathered::samples);
+
+    let ratio = report.latency(
+        "http: worker tool API p50, 1 caller",
+        s_api.p50(),
+        "direct rmcp p50",
+        s_direct.p50(),
+    );
+    report.goal("≤ 1.25×", ratio <= 1.25);
+    report.latency(
+        "http: worker tool API mean, 1 caller",
+        s_api.mean(),
+        "direct rmcp mean",
+        s_direct.mean(),
+    );
+    report.latency(
+        "http: worker tool API p99, 1 caller",
+        s_api.p99(),
+        "direct rmcp p99",
+        s_direct.p99(),
+    );
+    report.throughput(
+        "http: worker tool API throughput, 1 caller",
+        seq_api_rate,
+        "direct rmcp",
+        seq_direct_rate,
+    );
+    let ratio = report.throughput(
+        format!("http: worker tool API throughput, {callers} callers"),
+        c_api_rate,
+        &format!("direct rmcp, {callers} callers"),
+        c_direct_rate,
+    );
+    report.goal("≥ 0.7×", ratio >= 0.7);
+    report.latency(
+        format!("http: worker tool API p50, {callers} callers"),
+        c_api.p50(),
+        &format!("direct rmcp p50, {callers} callers"),
+        c_direct.p50(),
+    );
+    report.latency(
+        format!("http: worker tool API p99, {callers} callers"),
+        c_api.p99(),
+        &format!("direct rmcp p99, {callers} callers"),
+        c_direct.p99(),
+    );
+    type PerOp = (f64, f64, f64, f64, f64);
+    let cpu_row = |report: &mut Report, label: String, (worker, direct): (PerOp, PerOp)| {
+        let (wc, ww, ws, wo, wt) = worker;
+        let (dc, _, ds, do_, dt) = direct;
+        report.add(
+            label,
+            format!("{wt:.0} µs (callers {wc:.0}, worker {ww:.0}, server {ws:.0}, other {wo:.0})"),
+            format!("direct: {dt:.0} µs (callers {dc:.0}, server {ds:.0}, other {do_:.0})"),
+            format!("{:.2}×", wt / dt),
+        );
+    };
+    cpu_row(report, "CPU per call, 1 caller".into(), s_cpu);
+    cpu_row(report, format!("CPU per call, {callers} callers"), c_cpu);
+    // Where the worker's time goes (1 caller, p50).
+    report.latency(
+        "layer: McpPool::call_tool p50",
+        s_pool.p50(),
+        "direct rmcp p50",
+        s_direct.p50(),
+    );
+    report.latency(
+        "layer: call::call_tool (catalog, policy, schema, pool) p50",
+        s_call.p50(),
+        "direct rmcp p50",
+        s_direct.p50(),
+    );
+    report.latency(
+        "layer: Catalog::build + resolve p50 (no I/O)",
+        s_catalog.p50(),
+        "direct rmcp p50",
+        s_direct.p50(),
+    );
+    report.latency(
+        "layer: worker GET /healthz p50 (HTTP hop alone)",
+        s_healthz.p50(),
+        "direct rmcp p50",
+        s_direct.p50(),
+    );
+    let overhead = s_api.p50().saturating_sub(s_direct.p50());
+    let hop_and_call = s_call.p50() + s_healthz.p50();
+    report.add(
+        "worker API p50 − direct p50",
+        format!("{:.3} ms", ms(overhead)),
+        format!(
+            "pool {:.3} ms + call path above the pool {:.3} ms (catalog {:.3} ms) + HTTP hop {:.3} ms + rest {:.3} ms",
+            ms(s_pool.p50().saturating_sub(s_direct.p50())),
+            ms(s_call.p50().saturating_sub(s_pool.p50())),
+            ms(s_catalog.p50()),
+            ms(s_healthz.p50()),
+            ms(s_api.p50().saturating_sub(hop_and_call)),
+        ),
+        "—".into(),
+    );
+
+    direct_service.cancel().await?;
+    Ok(())
+}
+
+fn main() -> BenchResult<()> {
+    let config = Config::from_env();
+    let binary = server_binary()?;
+    // Callers, worker (with the registry) and the in-process MCP server each
+    // get a runtime of their own, as they would be separate processes; their
+    // threads are named so the CPU each one uses can be told apart.
+    let worker_runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(WORKER_THREADS)
+        .enable_all()
+        .build()?;
+    let client_runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(CLIENT_THREADS)
+        .enable_all()
+        .build()?;
+    let started = Instant::now();
+    let mut report = Report::default();
+    let http_server = client_runtime.block_on(async {
+        match config.http_server {
+            ServerKind::InProcess { nodelay } => HttpServer::in_process(nodelay),
+            ServerKind::Binary => HttpServer::binary(&binary).await,
+        }
+    })?;
+    let max_concurrency = config.concurrency.max(64) as u32;
+    let stack = worker_runtime.block_on(Stack::start(vec![
+        stdio_spec(&binary, max_concurrency),
+        http_spec(http_server.url(), max_concurrency),
+    ]))?;
+    client_runtime.block_on(async {
+        bench_spawn(config, &binary, &stack, &mut report).await?;
+        bench_api(config, &stack, http_server.url(), &mut report).await
+    })?;
+    worker_runtime.block_on(stack.stop());
+    drop(http_server);
+    println!(
+        "\nquiver worker benchmark: {} spawn-per-call samples, {} sequential calls per route, {} concurrent callers × {} calls, {} rounds, {} warm-up calls; HTTP server {}; {} cores; {:.1} s",
+        config.spawns,
+        config.calls,
+        config.concurrency,
+        config.concurrent_calls,
+        config.rounds,
+        config.warmup,
+        config.http_server.describe(),
+        std::thread::available_parallelism().map_or(0, usize::from),
+        started.elapsed().as_secs_f64(),
+    );
+    println!();
+    report.print();
+    Ok(())
+}
