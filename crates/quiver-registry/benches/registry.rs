@@ -30,6 +30,7 @@
 //! (default `postgres://postgres@127.0.0.1:5432/postgres`); a fresh database
 //! is created and dropped.
 
+use quiver_testkit::bench::{Samples, env_usize, ms};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,15 +71,6 @@ struct Config {
     warmup: usize,
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a positive integer, got {value:?}")),
-        Err(_) => default,
-    }
-}
-
 impl Config {
     fn from_env() -> Self {
         Config {
@@ -116,44 +108,9 @@ impl Backend {
 
 // ---------------------------------------------------------------- statistics
 
-/// Latency samples.
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn new(mut samples: Vec<Duration>) -> Self {
-        samples.sort_unstable();
-        Samples(samples)
-    }
-
-    /// Nearest-rank percentile, `p` in (0, 1].
-    fn percentile(&self, p: f64) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = (p * self.0.len() as f64).ceil() as usize;
-        self.0[rank.clamp(1, self.0.len()) - 1]
-    }
-
-    fn p50(&self) -> Duration {
-        self.percentile(0.50)
-    }
-
-    fn p99(&self) -> Duration {
-        self.percentile(0.99)
-    }
-
-    fn max(&self) -> Duration {
-        self.0.last().copied().unwrap_or_default()
-    }
-}
-
 /// Operations per second of `ops` operations in `elapsed`.
 fn rate(ops: usize, elapsed: Duration) -> f64 {
     ops as f64 / elapsed.as_secs_f64()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// A finished phase: throughput and per-operation latencies.
@@ -406,7 +363,7 @@ async fn concurrent_upserts(
     }
     let mut latencies = Vec::with_capacity(per_client * clients);
     while let Some(joined) = tasks.join_next().await {
-        latencies.extend(joined??.latency.0);
+        latencies.extend(joined??.latency.sorted().iter().copied());
     }
     Ok(Phase {
         ops_per_sec: rate(per_client * clients, started.elapsed()),

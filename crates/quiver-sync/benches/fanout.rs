@@ -19,6 +19,7 @@
 //! brackets): `QUIVER_BENCH_SYNCS` [100], `QUIVER_BENCH_UPSERTS` [200] timed
 //! upserts per phase, `QUIVER_BENCH_WARMUP` [10] untimed upserts first.
 
+use quiver_testkit::bench::{Samples, env_usize, ms};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,49 +46,6 @@ const RECORDS: usize = 20;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-fn env_usize(name: &str, default: usize) -> BenchResult<usize> {
-    match std::env::var(name) {
-        Ok(value) => Ok(value
-            .parse()
-            .map_err(|_| format!("{name} must be a positive integer, got {value:?}"))?),
-        Err(_) => Ok(default),
-    }
-}
-
-/// Nearest-rank percentiles of latency samples.
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn new(mut samples: Vec<Duration>) -> Self {
-        samples.sort_unstable();
-        Samples(samples)
-    }
-
-    fn percentile(&self, p: f64) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = (p * self.0.len() as f64).ceil() as usize;
-        self.0[rank.clamp(1, self.0.len()) - 1]
-    }
-
-    fn p50(&self) -> Duration {
-        self.percentile(0.50)
-    }
-
-    fn p99(&self) -> Duration {
-        self.percentile(0.99)
-    }
-
-    fn max(&self) -> Duration {
-        self.0.last().copied().unwrap_or_default()
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 #[derive(Clone)]
 struct Bearer(MetadataValue<Ascii>);
@@ -303,9 +261,9 @@ async fn fanout(
 
 #[tokio::main]
 async fn main() -> BenchResult<()> {
-    let syncs = env_usize("QUIVER_BENCH_SYNCS", 100)?.max(1);
-    let upserts = env_usize("QUIVER_BENCH_UPSERTS", 200)?.max(1);
-    let warmup = env_usize("QUIVER_BENCH_WARMUP", 10)?;
+    let syncs = env_usize("QUIVER_BENCH_SYNCS", 100).max(1);
+    let upserts = env_usize("QUIVER_BENCH_UPSERTS", 200).max(1);
+    let warmup = env_usize("QUIVER_BENCH_WARMUP", 10);
 
     let dir = tempfile::tempdir()?;
     let store = Arc::new(

@@ -1,6 +1,7 @@
 //! Test support shared by Quiver's crates and end-to-end tests. Everything
 //! here talks to real components: a real PostgreSQL server, real processes.
 
+pub mod bench;
 pub mod legacy_sse;
 pub mod mcp_server;
 pub mod postgres;

@@ -55,6 +55,7 @@
 //! concurrent phase, `QUIVER_BENCH_ROUNDS` [8] alternating rounds,
 //! `QUIVER_BENCH_WARMUP` [200] untimed calls per route.
 
+use quiver_testkit::bench::{Samples, env_usize, ms};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -135,15 +136,6 @@ impl ServerKind {
     }
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a positive integer, got {value:?}")),
-        Err(_) => default,
-    }
-}
-
 impl Config {
     fn from_env() -> Self {
         Config {
@@ -188,44 +180,6 @@ fn server_binary() -> BenchResult<PathBuf> {
 }
 
 // ---------------------------------------------------------------- statistics
-
-/// Latency samples, sorted.
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn new(mut samples: Vec<Duration>) -> Self {
-        samples.sort_unstable();
-        Samples(samples)
-    }
-
-    /// Nearest-rank percentile, `p` in (0, 1].
-    fn percentile(&self, p: f64) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = (p * self.0.len() as f64).ceil() as usize;
-        self.0[rank.clamp(1, self.0.len()) - 1]
-    }
-
-    fn p50(&self) -> Duration {
-        self.percentile(0.50)
-    }
-
-    fn p99(&self) -> Duration {
-        self.percentile(0.99)
-    }
-
-    fn mean(&self) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        self.0.iter().sum::<Duration>() / self.0.len() as u32
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// Thread-name prefixes of the runtimes, and the CPU groups they form.
 const CLIENT_THREADS: &str = "bench-client";
