@@ -349,6 +349,11 @@ async fn a_gap_in_the_stream_triggers_a_full_resync() {
         setup.handle.current().revision == 4
     })
     .await;
+    // The resync publishes the listed snapshot before it watches again.
+    eventually("watching again from 4", Duration::from_secs(3), || {
+        setup.fake.with(|s| s.watch_calls.len() == 2)
+    })
+    .await;
     assert_eq!(setup.fake.with(|s| s.watch_calls.clone()), [1, 4]);
     let error = setup.handle.last_error().unwrap();
     assert!(error.contains("jumped from revision 1 to 3"), "{error}");
