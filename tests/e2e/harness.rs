@@ -19,10 +19,6 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quiver_proto::v1 as pb;
-use quiver_proto::v1::mcp_registry_service_client::McpRegistryServiceClient;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// How long a registry may take to log that it is listening.
@@ -86,26 +82,8 @@ pub async fn run_quiver(args: &[&str], timeout: Duration) -> Finished {
     }
 }
 
-/// Adds `authorization: Bearer <token>` to every request (when a token is set).
-#[derive(Clone)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
-
 /// A registry client with its credential attached.
-pub type Client = McpRegistryServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Client = quiver_proto::credentials::RegistryClient;
 
 /// Connects a new channel (its own HTTP/2 connection) to `url`.
 pub async fn connect(url: &str, token: Option<&str>) -> Client {
@@ -115,12 +93,9 @@ pub async fn connect(url: &str, token: Option<&str>) -> Client {
         .connect()
         .await
         .unwrap_or_else(|err| panic!("cannot connect to {url}: {err}"));
-    let bearer = Bearer(token.map(|t| {
-        format!("Bearer {t}")
-            .parse()
-            .expect("token is valid header text")
-    }));
-    McpRegistryServiceClient::with_interceptor(channel, bearer)
+    quiver_proto::credentials::Credentials::new(token, None)
+        .expect("token is valid header text")
+        .client(channel)
 }
 
 /// A stdio record whose content is determined by `server_id` and `arg`.

@@ -6,6 +6,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use quiver_model as model;
 use quiver_model::FieldError;
 
+pub mod credentials;
+
 /// Generated protobuf and tonic code of `proto/quiver/registry/v1/registry.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {

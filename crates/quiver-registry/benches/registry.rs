@@ -35,7 +35,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pb::mcp_registry_service_client::McpRegistryServiceClient;
 use quiver_proto::v1 as pb;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::{Registry, RegistryOptions};
@@ -46,9 +45,6 @@ use sqlx::any::AnyPoolOptions;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::{AsciiMetadataValue, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 const ADMIN_TOKEN: &str = "bench-admin-token";
@@ -206,33 +202,14 @@ impl Report {
 
 // ---------------------------------------------------------------- gRPC client
 
-#[derive(Clone)]
-struct Bearer(AsciiMetadataValue);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.0.clone());
-        Ok(request)
-    }
-}
-
-type Client = McpRegistryServiceClient<InterceptedService<Channel, Bearer>>;
+type Client = quiver_proto::credentials::RegistryClient;
 
 /// A client on its own HTTP/2 connection.
 async fn connect(addr: SocketAddr) -> BenchResult<Client> {
     let channel = Channel::from_shared(format!("http://{addr}"))?
         .connect()
         .await?;
-    let token = MetadataValue::try_from(format!("Bearer {ADMIN_TOKEN}"))?;
-    Ok(McpRegistryServiceClient::with_interceptor(
-        channel,
-        Bearer(token),
-    ))
+    Ok(quiver_proto::credentials::Credentials::new(Some(ADMIN_TOKEN), None)?.client(channel))
 }
 
 /// A valid record; `version` goes into a label so every upsert changes the

@@ -21,8 +21,7 @@ use crate::feed::WatchEvent;
 use crate::state::RegistryState;
 use crate::workers::{ServerHealth, WorkerStatus};
 
-/// Metadata key naming the person or system behind a write (audit).
-pub const ACTOR_METADATA: &str = "x-quiver-actor";
+pub use quiver_proto::credentials::ACTOR_METADATA;
 
 /// The tonic service; wraps the shared registry state.
 #[derive(Clone)]

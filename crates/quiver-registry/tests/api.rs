@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
-use quiver_proto::v1::mcp_registry_service_client::McpRegistryServiceClient;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::{ChangeFeed, FeedOptions, WatchEvent};
 use quiver_registry::{Registry, RegistryOptions};
@@ -88,25 +87,7 @@ async fn postgres_registry() -> TestRegistry {
     start_with(store, tempfile::tempdir().unwrap(), Some(db), |_| {}).await
 }
 
-type Client =
-    McpRegistryServiceClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
-
-#[derive(Clone)]
-struct Bearer(Option<&'static str>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        }
-        Ok(request)
-    }
-}
+type Client = quiver_proto::credentials::RegistryClient;
 
 impl TestRegistry {
     async fn client(&self, token: Option<&'static str>) -> Client {
@@ -115,7 +96,9 @@ impl TestRegistry {
             .connect()
             .await
             .unwrap();
-        McpRegistryServiceClient::with_interceptor(channel, Bearer(token))
+        quiver_proto::credentials::Credentials::new(token, None)
+            .unwrap()
+            .client(channel)
     }
 
     fn url(&self, path: &str) -> String {

@@ -24,7 +24,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pb::mcp_registry_service_client::McpRegistryServiceClient;
 use quiver_model::{McpServerSpec, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
 use quiver_registry::auth::AuthConfig;
@@ -33,9 +32,6 @@ use quiver_store::SqlStore;
 use quiver_sync::{SyncOptions, SyncService};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 const ADMIN_TOKEN: &str = "bench-admin-token";
@@ -47,29 +43,11 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-#[derive(Clone)]
-struct Bearer(MetadataValue<Ascii>);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.0.clone());
-        Ok(request)
-    }
-}
-
-type Client = McpRegistryServiceClient<InterceptedService<Channel, Bearer>>;
+type Client = quiver_proto::credentials::RegistryClient;
 
 async fn client(url: &str, token: &str) -> BenchResult<Client> {
     let channel = Channel::from_shared(url.to_owned())?.connect().await?;
-    Ok(McpRegistryServiceClient::with_interceptor(
-        channel,
-        Bearer(format!("Bearer {token}").parse()?),
-    ))
+    Ok(quiver_proto::credentials::Credentials::new(Some(token), None)?.client(channel))
 }
 
 fn spec(n: usize, version: usize) -> McpServerSpec {

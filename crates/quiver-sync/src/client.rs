@@ -5,12 +5,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use quiver_model::StoredServer;
+use quiver_proto::credentials::Credentials;
 use quiver_proto::v1 as pb;
-use quiver_proto::v1::mcp_registry_service_client::McpRegistryServiceClient;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::{SyncError, SyncOptions};
 
@@ -18,31 +15,13 @@ use crate::{SyncError, SyncOptions};
 /// default would turn growth into a sync outage.
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
-pub(crate) type Client = McpRegistryServiceClient<InterceptedService<Channel, Bearer>>;
-
-/// Adds the worker token to every request.
-#[derive(Clone)]
-pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
-}
+type Client = quiver_proto::credentials::RegistryClient;
 
 /// Builds clients; every client gets its own lazily connected channel.
 #[derive(Clone)]
 pub(crate) struct Connector {
     endpoint: Endpoint,
-    bearer: Bearer,
+    credentials: Credentials,
     request_timeout: Duration,
 }
 
@@ -59,22 +38,14 @@ impl Connector {
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
-        let bearer = match &options.token {
-            None => Bearer(None),
-            Some(token) => {
-                let mut value: MetadataValue<Ascii> =
-                    format!("Bearer {token}").parse().map_err(|_| {
-                        SyncError::InvalidOptions(
-                            "token must be printable ascii without line breaks".to_owned(),
-                        )
-                    })?;
-                value.set_sensitive(true);
-                Bearer(Some(value))
-            }
-        };
+        let credentials = Credentials::new(options.token.as_deref(), None).map_err(|_| {
+            SyncError::InvalidOptions(
+                "token must be printable ascii without line breaks".to_owned(),
+            )
+        })?;
         Ok(Connector {
             endpoint,
-            bearer,
+            credentials,
             request_timeout: options.request_timeout,
         })
     }
@@ -82,11 +53,11 @@ impl Connector {
     /// A client on a fresh channel: after a failure the next attempt must
     /// not inherit a connection in an unknown state.
     pub(crate) fn client(&self) -> RegistryClient {
-        let client = McpRegistryServiceClient::with_interceptor(
-            self.endpoint.connect_lazy(),
-            self.bearer.clone(),
-        )
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let client = self
+            .credentials
+            .clone()
+            .client(self.endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
         RegistryClient {
             client,
             timeout: self.request_timeout,

@@ -5,11 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use quiver_model::{Format, HistoryEntry, McpServerSpec, StoredServer, Strictness, parse_document};
+use quiver_proto::credentials::{Credentials, RegistryClient};
 use quiver_proto::v1 as pb;
-use quiver_proto::v1::mcp_registry_service_client::McpRegistryServiceClient;
-use tonic::metadata::MetadataValue;
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 /// Connection flags shared by every `servers` subcommand.
@@ -95,58 +92,15 @@ pub enum ServersCommand {
     },
 }
 
-#[derive(Clone)]
-struct Credentials {
-    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
-    actor: Option<MetadataValue<tonic::metadata::Ascii>>,
-}
-
-impl Interceptor for Credentials {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        if let Some(value) = &self.actor {
-            request
-                .metadata_mut()
-                .insert("x-quiver-actor", value.clone());
-        }
-        Ok(request)
-    }
-}
-
-type Client = McpRegistryServiceClient<InterceptedService<Channel, Credentials>>;
-
-async fn connect(args: &ServersArgs) -> anyhow::Result<Client> {
+async fn connect(args: &ServersArgs) -> anyhow::Result<RegistryClient> {
     let channel = Channel::from_shared(args.registry.clone())
         .with_context(|| format!("invalid --registry URL {:?}", args.registry))?
         .connect()
         .await
         .with_context(|| format!("cannot connect to the registry at {}", args.registry))?;
-    let metadata = |text: String, what: &str| {
-        MetadataValue::try_from(text).with_context(|| format!("{what} is not valid header text"))
-    };
-    let credentials = Credentials {
-        authorization: args
-            .token
-            .as_ref()
-            .map(|token| metadata(format!("Bearer {token}"), "--token"))
-            .transpose()?,
-        actor: args
-            .actor
-            .clone()
-            .map(|actor| metadata(actor, "--actor"))
-            .transpose()?,
-    };
-    Ok(McpRegistryServiceClient::with_interceptor(
-        channel,
-        credentials,
-    ))
+    let credentials = Credentials::new(args.token.as_deref(), args.actor.as_deref())
+        .context("invalid --token or --actor")?;
+    Ok(credentials.client(channel))
 }
 
 /// Turns a gRPC status into an error message naming its code.

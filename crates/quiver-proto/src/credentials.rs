@@ -1,0 +1,102 @@
+//! Client-side credentials for the registry API: every request carries
+//! `authorization: Bearer <token>` and, optionally, the actor recorded for
+//! writes (`x-quiver-actor`).
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::v1::mcp_registry_service_client::McpRegistryServiceClient;
+
+/// Metadata key naming the person or system behind a write (audit).
+pub const ACTOR_METADATA: &str = "x-quiver-actor";
+
+/// A registry client with its credentials attached.
+pub type RegistryClient = McpRegistryServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// A token or actor that cannot be sent as header text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is not valid header text")]
+pub struct InvalidCredential(&'static str);
+
+/// Adds the credentials to every request.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    authorization: Option<MetadataValue<Ascii>>,
+    actor: Option<MetadataValue<Ascii>>,
+}
+
+impl Credentials {
+    /// Credentials of `token` (none: anonymous) acting as `actor`.
+    pub fn new(token: Option<&str>, actor: Option<&str>) -> Result<Self, InvalidCredential> {
+        let authorization = token
+            .map(|token| {
+                let mut value: MetadataValue<Ascii> = format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| InvalidCredential("the token"))?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        let actor = actor
+            .map(|actor| actor.parse().map_err(|_| InvalidCredential("the actor")))
+            .transpose()?;
+        Ok(Credentials {
+            authorization,
+            actor,
+        })
+    }
+
+    /// A client over `channel` sending these credentials.
+    pub fn client(self, channel: Channel) -> RegistryClient {
+        McpRegistryServiceClient::with_interceptor(channel, self)
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.authorization.as_ref().map(|_| "<set>"))
+            .field("actor", &self.actor)
+            .finish()
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        if let Some(value) = &self.actor {
+            request.metadata_mut().insert(ACTOR_METADATA, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_go_into_metadata() {
+        let mut credentials = Credentials::new(Some("t0k"), Some("alice")).unwrap();
+        let request = credentials.call(tonic::Request::new(())).unwrap();
+        assert_eq!(
+            request.metadata().get("authorization").unwrap(),
+            "Bearer t0k"
+        );
+        assert_eq!(request.metadata().get(ACTOR_METADATA).unwrap(), "alice");
+        let request = Credentials::default()
+            .call(tonic::Request::new(()))
+            .unwrap();
+        assert!(request.metadata().is_empty());
+        assert!(Credentials::new(Some("bad\ntoken"), None).is_err());
+    }
+}
