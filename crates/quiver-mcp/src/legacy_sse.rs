@@ -28,8 +28,8 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use bytes::Bytes;
-use futures::{StreamExt, stream::BoxStream};
+use futures::StreamExt;
+use quiver_sse::{EventStream, Sse, bounded_event_stream};
 use reqwest::{
     StatusCode,
     header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, HeaderMap, HeaderValue},
@@ -39,7 +39,6 @@ use rmcp::{
     model::{ClientJsonRpcMessage, ServerJsonRpcMessage},
     transport::Transport,
 };
-use sse_stream::{Sse, SseStream};
 use url::Url;
 
 /// Largest SSE event accepted from a server. Without a bound a server that never ends a
@@ -55,8 +54,6 @@ const DRAIN_BODY_BYTES: usize = 64 * 1024;
 
 /// How much of a server-supplied endpoint string is quoted in errors.
 const ENDPOINT_EXCERPT_CHARS: usize = 200;
-
-type EventStream = BoxStream<'static, Result<Sse, sse_stream::Error>>;
 
 /// Failures of the legacy SSE client transport.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +85,7 @@ pub enum LegacySseError {
     StreamEndedBeforeEndpoint,
     /// The SSE stream was malformed or broke before announcing the endpoint.
     #[error("sse stream failed before the endpoint event: {0}")]
-    Sse(#[source] sse_stream::Error),
+    Sse(#[source] quiver_sse::Error),
     /// The `endpoint` event carried no URL.
     #[error("endpoint event carries no url")]
     EmptyEndpoint,
@@ -386,118 +383,9 @@ fn decode_message(event: Sse) -> Option<ServerJsonRpcMessage> {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum BodyError {
-    #[error("{0}")]
-    Http(#[source] reqwest::Error),
-    #[error("sse event exceeds {max} bytes")]
-    EventTooLarge { max: usize },
-}
-
-/// Parses a response body into SSE events, failing the stream when one event grows past
-/// `max_event_bytes` (sse-stream itself buffers without limit).
-fn bounded_event_stream(
-    body: impl futures::Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
-    max_event_bytes: usize,
-) -> EventStream {
-    let mut limiter = EventSizeLimiter::new(max_event_bytes);
-    let body = body.map(move |chunk| {
-        let chunk = chunk.map_err(BodyError::Http)?;
-        limiter.observe(&chunk)?;
-        Ok::<_, BodyError>(chunk)
-    });
-    SseStream::from_bytes_stream(body).boxed()
-}
-
-/// Counts the bytes the parser retains for the event being read: the lines since the
-/// last blank line, leaving out comments, which the parser discards.
-#[derive(Debug)]
-struct EventSizeLimiter {
-    max: usize,
-    event_bytes: usize,
-    line_bytes: usize,
-    line_is_comment: bool,
-    after_cr: bool,
-}
-
-impl EventSizeLimiter {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            event_bytes: 0,
-            line_bytes: 0,
-            line_is_comment: false,
-            after_cr: false,
-        }
-    }
-
-    fn observe(&mut self, chunk: &[u8]) -> Result<(), BodyError> {
-        for &byte in chunk {
-            // "\r\n" is one line end, not a line end followed by a blank line.
-            if std::mem::take(&mut self.after_cr) && byte == b'\n' {
-                continue;
-            }
-            match byte {
-                b'\r' | b'\n' => {
-                    self.after_cr = byte == b'\r';
-                    if self.line_bytes == 0 {
-                        self.event_bytes = 0;
-                    } else if !self.line_is_comment {
-                        self.event_bytes = self.event_bytes.saturating_add(self.line_bytes + 1);
-                    }
-                    self.line_bytes = 0;
-                    self.line_is_comment = false;
-                }
-                _ => {
-                    if self.line_bytes == 0 {
-                        self.line_is_comment = byte == b':';
-                    }
-                    self.line_bytes = self.line_bytes.saturating_add(1);
-                }
-            }
-            if self.event_bytes.saturating_add(self.line_bytes) > self.max {
-                return Err(BodyError::EventTooLarge { max: self.max });
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn observe_all(max: usize, chunks: &[&[u8]]) -> Result<(), BodyError> {
-        let mut limiter = EventSizeLimiter::new(max);
-        chunks.iter().try_for_each(|chunk| limiter.observe(chunk))
-    }
-
-    #[test]
-    fn limiter_resets_on_blank_lines_in_every_line_ending() {
-        for separator in [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"] {
-            let mut stream = Vec::new();
-            for _ in 0..100 {
-                stream.extend_from_slice(b"data: 0123456789");
-                stream.extend_from_slice(separator);
-            }
-            assert!(observe_all(32, &[&stream]).is_ok(), "{separator:?}");
-            // The same bytes split at every position must give the same answer.
-            let split: Vec<&[u8]> = stream.chunks(1).collect();
-            assert!(observe_all(32, &split).is_ok(), "{separator:?}");
-        }
-    }
-
-    #[test]
-    fn limiter_refuses_an_oversized_event_and_ignores_comments() {
-        let long = [b'x'; 64];
-        assert!(matches!(
-            observe_all(32, &[b"data: ", &long]),
-            Err(BodyError::EventTooLarge { max: 32 })
-        ));
-        // Six 8-byte lines without a blank line between them form one 48-byte event.
-        assert!(observe_all(32, &[&b"data: a\n".repeat(6)]).is_err());
-        assert!(observe_all(32, &[&b":keep-alive\n".repeat(100)]).is_ok());
-    }
 
     #[test]
     fn endpoint_resolution() {

@@ -13,4 +13,4 @@ mod tools;
 
 pub use error::McpError;
 pub use pool::{CallOutcome, HealthState, McpPool, PoolOptions, ServerHealth};
-pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};
+pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};
