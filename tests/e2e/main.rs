@@ -7,6 +7,7 @@
 //! temporary directory. Nothing depends on state left by other tests or runs.
 
 mod auth;
+mod chat;
 mod cli_and_bootstrap;
 mod crash_safety;
 mod deployment;

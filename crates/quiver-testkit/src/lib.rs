@@ -5,3 +5,4 @@ pub mod bench;
 pub mod legacy_sse;
 pub mod mcp_server;
 pub mod postgres;
+pub mod upstream;

@@ -3,9 +3,10 @@
 //! [`TestServer`] exposes a fixed set of tools that exercise what a Quiver
 //! worker has to cope with: plain results, tool errors, large and non-ASCII
 //! output, images, slow and cancellable calls, concurrency, a process crash
-//! and tool names that break naive naming schemes. Its counters live behind an
-//! `Arc`, so every clone — and therefore every HTTP session served from
-//! clones — observes the same per-process state.
+//! and tool names that break naive naming schemes; on request it also offers
+//! any number of generated look-alike tools, for catalogs of realistic size.
+//! Its counters live behind an `Arc`, so every clone — and therefore every
+//! HTTP session served from clones — observes the same per-process state.
 //!
 //! The same server runs in-process ([`serve_stdio`], [`serve_streamable_http`],
 //! [`spawn_streamable_http`]) or as the `quiver-testkit-mcp` binary.
@@ -25,13 +26,19 @@ use std::{
 };
 
 use base64::Engine as _;
+use futures::future::BoxFuture;
 use rmcp::{
     ErrorData as McpError, RoleServer, ServerHandler, ServiceExt as _,
-    handler::server::{router::tool::ToolRouter, tool::ToolCallContext, wrapper::Parameters},
+    handler::server::{
+        router::tool::{ToolRoute, ToolRouter},
+        tool::{ToolCallContext, parse_json_object},
+        wrapper::Parameters,
+    },
     model::{
         CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-        DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-        PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+        DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
+        ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities,
+        ServerConfig, Tool,
     },
     service::RequestContext,
     tool, tool_handler, tool_router,
@@ -69,6 +76,15 @@ pub const FULL_TOOL_NAMES: &[&str] = &[
 
 /// Every tool of [`Profile::Example`], in `tools/list` order.
 pub const EXAMPLE_TOOL_NAMES: &[&str] = &["add", "counter", "echo", "image", "sleep"];
+
+/// Prefix of the tools added by [`TestServer::with_generated_tools`].
+pub const GENERATED_TOOL_PREFIX: &str = "generated_";
+
+/// Name of the `index`-th generated tool: `generated_000`, `generated_001`, …
+/// (at least three digits, so up to 1000 tools sort by name in index order).
+pub fn generated_tool_name(index: usize) -> String {
+    format!("{GENERATED_TOOL_PREFIX}{index:03}")
+}
 
 /// Largest output `big_output` agrees to build, so a typo in a test cannot
 /// exhaust the machine's memory.
@@ -162,6 +178,7 @@ pub struct TestServer {
     state: Arc<SharedState>,
     router: Arc<ToolRouter<TestServer>>,
     profile: Profile,
+    generated_tools: usize,
     page_size: Option<usize>,
     slow_start: Option<Duration>,
 }
@@ -170,6 +187,7 @@ impl std::fmt::Debug for TestServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestServer")
             .field("profile", &self.profile)
+            .field("generated_tools", &self.generated_tools)
             .field("page_size", &self.page_size)
             .field("slow_start", &self.slow_start)
             .field("stats", &self.stats())
@@ -224,6 +242,14 @@ pub struct BigOutputParams {
     pub fill: Option<String>,
 }
 
+/// The generated tools (see [`TestServer::with_generated_tools`]).
+#[derive(Debug, Deserialize)]
+pub struct GeneratedParams {
+    /// Text echoed after the tool's name. The schema's `limit` is accepted
+    /// and ignored: it exists so the schema has more than one property.
+    pub query: String,
+}
+
 /// `crash`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct CrashParams {
@@ -246,6 +272,31 @@ fn text_result(text: impl Into<String>) -> CallToolResult {
 
 fn error_result(text: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+fn generated_input_schema() -> Arc<JsonObject> {
+    let mut schema = JsonObject::new();
+    schema.insert("type".into(), "object".into());
+    schema.insert(
+        "properties".into(),
+        serde_json::json!({
+            "query": {"type": "string", "description": "Text to echo back."},
+            "limit": {"type": "integer", "description": "Ignored."},
+        }),
+    );
+    schema.insert("required".into(), serde_json::json!(["query"]));
+    Arc::new(schema)
+}
+
+/// The one handler behind every generated tool: the tool's own name tells
+/// them apart, so none needs a closure of its own.
+fn call_generated(
+    context: ToolCallContext<'_, TestServer>,
+) -> BoxFuture<'_, Result<CallToolResponse, McpError>> {
+    Box::pin(async move {
+        let GeneratedParams { query } = parse_json_object(context.arguments.unwrap_or_default())?;
+        Ok(text_result(format!("{}: {query}", context.name)).into())
+    })
 }
 
 /// Builds exactly `bytes` bytes from repetitions of `unit`, padded with `x`.
@@ -395,6 +446,17 @@ impl TestServer {
 impl TestServer {
     /// A server offering `profile`'s tools, without pagination or delays.
     pub fn new(profile: Profile) -> Self {
+        TestServer {
+            state: Arc::default(),
+            router: Arc::new(Self::router_for(profile, 0)),
+            profile,
+            generated_tools: 0,
+            page_size: None,
+            slow_start: None,
+        }
+    }
+
+    fn router_for(profile: Profile, generated_tools: usize) -> ToolRouter<TestServer> {
         let mut router = Self::full_router();
         let unwanted: Vec<String> = router
             .list_all()
@@ -405,13 +467,14 @@ impl TestServer {
         for name in unwanted {
             router.remove_route(&name);
         }
-        TestServer {
-            state: Arc::default(),
-            router: Arc::new(router),
-            profile,
-            page_size: None,
-            slow_start: None,
+        let schema = generated_input_schema();
+        for index in 0..generated_tools {
+            let name = generated_tool_name(index);
+            let description = format!("Generated tool {index}: returns \"{name}: <query>\".");
+            let tool = Tool::new(name, description, schema.clone());
+            router.add_route(ToolRoute::new_dyn(tool, call_generated));
         }
+        router
     }
 
     /// The [`Profile::Full`] server.
@@ -432,6 +495,17 @@ impl TestServer {
         self
     }
 
+    /// Offers exactly `n` generated tools besides the profile's own, named by
+    /// [`generated_tool_name`] (`generated_000` …), each taking
+    /// `{"query": string, "limit"?: integer}` and answering
+    /// `"<its name>: <query>"`. They are listed (and paginated) with the
+    /// others, sorted by name.
+    pub fn with_generated_tools(mut self, n: usize) -> Self {
+        self.router = Arc::new(Self::router_for(self.profile, n));
+        self.generated_tools = n;
+        self
+    }
+
     /// Delays every `initialize` (and `server/discover`) answer by `delay`,
     /// to simulate a server that is slow to start.
     pub fn with_slow_start(mut self, delay: Option<Duration>) -> Self {
@@ -442,6 +516,11 @@ impl TestServer {
     /// The profile chosen at construction.
     pub fn profile(&self) -> Profile {
         self.profile
+    }
+
+    /// How many generated tools the server offers.
+    pub fn generated_tools(&self) -> usize {
+        self.generated_tools
     }
 
     /// Current counters, as the `stats` tool reports them.

@@ -6,7 +6,7 @@ use std::{process::Stdio, time::Duration};
 use base64::Engine as _;
 use quiver_testkit::mcp_server::{
     EXAMPLE_TOOL_NAMES, FULL_TOOL_NAMES, LONG_TOOL_NAME, Profile, Stats, TEST_PNG, TestServer,
-    spawn_streamable_http,
+    generated_tool_name, spawn_streamable_http,
 };
 use rmcp::{
     RoleClient, ServiceError, ServiceExt as _,
@@ -364,4 +364,85 @@ async fn exit_after_ends_the_process() {
     let result = try_call(&client, "sleep", json!({"ms": 30_000})).await;
     assert!(result.is_err(), "sleep outlived the process: {result:?}");
     assert!(client.is_transport_closed());
+}
+
+/// `base` plus `generated` generated tools, in `tools/list` order.
+fn with_generated(base: &[&str], generated: usize) -> Vec<String> {
+    let mut names: Vec<String> = base.iter().map(|name| (*name).to_owned()).collect();
+    names.extend((0..generated).map(generated_tool_name));
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn generated_tools_are_listed_and_callable() {
+    let client = stdio_client(&[
+        "--profile",
+        "example",
+        "--generated-tools",
+        "50",
+        "--page-size",
+        "7",
+    ])
+    .await;
+    assert_eq!(
+        tool_names(&client).await,
+        with_generated(EXAMPLE_TOOL_NAMES, 50)
+    );
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let generated = tools
+        .iter()
+        .find(|tool| tool.name == "generated_049")
+        .expect("generated_049 listed");
+    assert_eq!(
+        Value::Object((*generated.input_schema).clone()),
+        json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Text to echo back."},
+                "limit": {"type": "integer", "description": "Ignored."},
+            },
+            "required": ["query"],
+        })
+    );
+    assert!(
+        generated
+            .description
+            .as_deref()
+            .is_some_and(|d| !d.is_empty())
+    );
+    assert_eq!(
+        call_text(
+            &client,
+            "generated_007",
+            json!({"query": "héllo", "limit": 3})
+        )
+        .await,
+        "generated_007: héllo"
+    );
+    let missing = call(&client, "generated_007", json!({"limit": 3})).await;
+    assert_eq!(missing.is_error, Some(true), "{missing:?}");
+    client.cancel().await.expect("close client");
+
+    let http = spawn_streamable_http(TestServer::full().with_generated_tools(3))
+        .await
+        .expect("start HTTP server");
+    assert_eq!(http.server().generated_tools(), 3);
+    let client = http_client(http.url()).await;
+    assert_eq!(
+        tool_names(&client).await,
+        with_generated(FULL_TOOL_NAMES, 3)
+    );
+    assert_eq!(
+        call_text(&client, "generated_002", json!({"query": "over http"})).await,
+        "generated_002: over http"
+    );
+    let refused = try_call(&client, "generated_003", json!({"query": "x"})).await;
+    assert!(
+        matches!(&refused, Err(ServiceError::McpError(err)) if err.code == ErrorCode::INVALID_PARAMS),
+        "{refused:?}"
+    );
+    assert_eq!(http.server().stats().calls, 2);
+    client.cancel().await.expect("close client");
+    http.shutdown().await.expect("HTTP server shutdown");
 }

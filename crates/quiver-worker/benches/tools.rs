@@ -29,7 +29,7 @@
 //!    concurrent callers (worker / direct) ≥ 0.7×. To locate the overhead,
 //!    the sequential phase also times the layers in between: the pool alone
 //!    (`McpPool::call_tool`), the worker's call path without HTTP
-//!    (`quiver_worker::call::call_tool`), its catalog alone (`Catalog::build`
+//!    (`quiver_worker::call::ToolRunner::call`), its catalog alone (`Catalog::build`
 //!    and `resolve`, no I/O) and an HTTP round trip to the worker that does
 //!    nothing (`GET /healthz`).
 //!
@@ -73,10 +73,10 @@ use quiver_registry::{Registry, RegistryOptions};
 use quiver_store::{SqlStore, Store, UpsertRequest};
 use quiver_sync::{SnapshotHandle, SyncOptions};
 use quiver_testkit::mcp_server::{Profile, TestServer};
+use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig, Task};
-use quiver_worker::call::{ToolCall, call_tool};
+use quiver_worker::call::{CallContext, ToolCall, ToolRunner};
 use quiver_worker::catalog::Catalog;
-use quiver_worker::schema::SchemaCache;
 use quiver_worker::{Worker, WorkerOptions};
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::{Peer, RunningService};
@@ -608,6 +608,8 @@ impl Stack {
                 warm_up: ids.clone(),
                 shutdown_grace: Duration::from_secs(1),
                 metrics: None,
+                upstream: None,
+                audit: AuditOptions::default(),
             },
             shutdown.clone(),
         )
@@ -690,9 +692,9 @@ enum Route {
     Direct(Peer<RoleClient>),
     /// `McpPool::call_tool` of the worker's pool.
     Pool(McpPool, Arc<StoredServer>),
-    /// `quiver_worker::call::call_tool`: catalog, policy, argument schema
-    /// check and pool, no HTTP.
-    CallTool(SnapshotHandle, McpPool, Arc<SchemaCache>, Task, String),
+    /// `quiver_worker::call::ToolRunner::call`: catalog, policy, argument
+    /// schema check and pool, no HTTP.
+    CallTool(SnapshotHandle, ToolRunner, Task, String),
     /// `Catalog::build` for the name's candidate servers and `resolve`: the
     /// per-call policy work alone (tool lists come from the pool's cache).
     Catalog(SnapshotHandle, McpPool, Task, String),
@@ -730,12 +732,14 @@ impl Route {
                         .map(|t| t.text.as_str()),
                 )
             }
-            Route::CallTool(snapshot, pool, schemas, task, name) => {
+            Route::CallTool(snapshot, runner, task, name) => {
                 let request = ToolCall {
                     name: name.clone(),
                     arguments: Some(Value::Object(echo_arguments())),
                 };
-                let done = call_tool(&snapshot.current(), pool, schemas, task, &request).await?;
+                let done = runner
+                    .call(&snapshot.current(), task, &CallContext::default(), &request)
+                    .await?;
                 let result = &done.outcome.result;
                 check_echo(
                     result.is_error,
@@ -1063,8 +1067,7 @@ async fn bench_api(
     );
     let call_path = Route::CallTool(
         stack.snapshot.clone(),
-        stack.pool.clone(),
-        Arc::default(),
+        ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
         task,
         injected,
     );
@@ -1188,7 +1191,7 @@ async fn bench_api(
         s_direct.p50(),
     );
     report.latency(
-        "layer: call::call_tool (catalog, policy, schema, pool) p50",
+        "layer: ToolRunner::call (catalog, policy, schema, pool) p50",
         s_call.p50(),
         "direct rmcp p50",
         s_direct.p50(),

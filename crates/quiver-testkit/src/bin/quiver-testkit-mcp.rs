@@ -63,6 +63,9 @@ struct Args {
     /// Which tools to offer.
     #[arg(long, value_enum, default_value_t = ProfileArg::Full)]
     profile: ProfileArg,
+    /// Also offer N generated tools, `generated_000` … (for large catalogs).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    generated_tools: usize,
     /// Return `tools/list` in pages of at most N tools.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     page_size: Option<u64>,
@@ -101,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
         .transpose()
         .context("--page-size is too large")?;
     let server = TestServer::new(args.profile.into())
+        .with_generated_tools(args.generated_tools)
         .with_page_size(page_size)
         .with_slow_start(args.slow_start_ms.map(Duration::from_millis));
 
