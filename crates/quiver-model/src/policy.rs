@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::budget::{BudgetError, BudgetLimits, SessionBudgets};
 use crate::naming::{
     MAX_INJECTED_NAME_LEN, NameError, ToolNameError, injected_name, qualified_name, quote,
     transformed_tool_name, validate_tool_name,
@@ -118,7 +119,7 @@ impl ServerToolFilter {
 ///
 /// The default allows every enabled server and narrows nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TaskPolicy {
     /// Servers this task may use; `None` means every enabled server, an
     /// empty list means none.
@@ -132,6 +133,13 @@ pub struct TaskPolicy {
     /// Patterns over `<server_id>.<tool_name>` that always remove.
     #[serde(alias = "task_tool_denylist")]
     pub tool_denylist: Vec<String>,
+    /// Session budgets of the chat tool loop (`[tasks.<name>.budgets]`).
+    pub budgets: BudgetLimits,
+    /// Upstream model for every chat request of this task, whatever the
+    /// request names.
+    pub model: Option<String>,
+    /// Requested model → upstream model, used when `model` is unset.
+    pub models: BTreeMap<String, String>,
 }
 
 impl TaskPolicy {
@@ -149,11 +157,24 @@ impl TaskPolicy {
                 }
             }
         }
+        if self.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(PolicyError::EmptyModel {
+                field: "model".into(),
+            });
+        }
+        if let Some((from, _)) = self.models.iter().find(|(_, to)| to.trim().is_empty()) {
+            return Err(PolicyError::EmptyModel {
+                field: format!("models.{from}"),
+            });
+        }
         Ok(CompiledTaskPolicy {
             allowed_server_ids,
             default_server_ids,
             allowlist: NamedPatterns::for_field("tool_allowlist", &self.tool_allowlist)?,
             denylist: NamedPatterns::for_field("tool_denylist", &self.tool_denylist)?,
+            budgets: SessionBudgets::for_task(&self.budgets)?,
+            model: self.model.clone(),
+            models: self.models.clone(),
         })
     }
 }
@@ -165,6 +186,9 @@ pub struct CompiledTaskPolicy {
     default_server_ids: Option<BTreeSet<String>>,
     allowlist: NamedPatterns,
     denylist: NamedPatterns,
+    budgets: SessionBudgets,
+    model: Option<String>,
+    models: BTreeMap<String, String>,
 }
 
 impl CompiledTaskPolicy {
@@ -176,7 +200,23 @@ impl CompiledTaskPolicy {
             default_server_ids: None,
             allowlist: NamedPatterns::empty(),
             denylist: NamedPatterns::empty(),
+            budgets: SessionBudgets::default(),
+            model: None,
+            models: BTreeMap::new(),
         }
+    }
+
+    /// The task's session budgets.
+    pub fn budgets(&self) -> &SessionBudgets {
+        &self.budgets
+    }
+
+    /// The model to ask the upstream for when a request names `requested`:
+    /// the task's override, else its mapping; `None` keeps the request's.
+    pub fn upstream_model(&self, requested: Option<&str>) -> Option<&str> {
+        self.model
+            .as_deref()
+            .or_else(|| requested.and_then(|name| self.models.get(name).map(String::as_str)))
     }
 
     /// Whether the task may use `server_id` at all.
@@ -288,6 +328,15 @@ pub enum PolicyError {
         /// The server id.
         server_id: String,
     },
+    /// A model name is empty.
+    #[error("{field}: must not be empty")]
+    EmptyModel {
+        /// `model` or `models.<requested>`.
+        field: String,
+    },
+    /// A session budget is invalid or above the task's.
+    #[error("budgets.{0}")]
+    Budget(#[from] BudgetError),
     /// The request names servers the task does not allow; a request cannot
     /// widen the task policy.
     #[error(
@@ -306,8 +355,10 @@ impl PolicyError {
         match self {
             PolicyError::InvalidPattern { field, .. }
             | PolicyError::InvalidServerId { field, .. }
-            | PolicyError::DefaultNotAllowed { field, .. } => field,
+            | PolicyError::DefaultNotAllowed { field, .. }
+            | PolicyError::EmptyModel { field } => field,
             PolicyError::ServersNotAllowed { .. } => "server_ids",
+            PolicyError::Budget(error) => error.field(),
         }
     }
 }
