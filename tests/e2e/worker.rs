@@ -23,13 +23,13 @@ use crate::harness::{
     processes, testkit_mcp_bin,
 };
 
-const ADMIN: &str = "e2e-admin-token";
-const WORKER: &str = "e2e-worker-token";
-const CALLER: &str = "e2e-caller-token";
+pub(crate) const ADMIN: &str = "e2e-admin-token";
+pub(crate) const WORKER: &str = "e2e-worker-token";
+pub(crate) const CALLER: &str = "e2e-caller-token";
 
 /// The injected name, computed independently of the product's code:
 /// `mcp__<b64url(server_id)>__<b64url(tool)>` without padding.
-fn injected(server_id: &str, tool: &str) -> String {
+pub(crate) fn injected(server_id: &str, tool: &str) -> String {
     format!(
         "mcp__{}__{}",
         URL_SAFE_NO_PAD.encode(server_id),
@@ -48,7 +48,7 @@ fn names(servers: &[&str], tools: &[&str]) -> Vec<String> {
 }
 
 /// A stdio record running the test MCP server.
-fn stdio_record(server_id: &str, allowed: &[&str]) -> Value {
+pub(crate) fn stdio_record(server_id: &str, allowed: &[&str]) -> Value {
     json!({
         "server_id": server_id,
         "transport": "stdio",
@@ -58,7 +58,7 @@ fn stdio_record(server_id: &str, allowed: &[&str]) -> Value {
 }
 
 /// A registry on `db_url` (gRPC on `grpc` when given, else ephemeral).
-async fn registry(db_url: &str, grpc: Option<SocketAddr>) -> RegistryProcess {
+pub(crate) async fn registry(db_url: &str, grpc: Option<SocketAddr>) -> RegistryProcess {
     let args = [
         "--database-url",
         db_url,

@@ -13,34 +13,59 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use quiver_mcp::{McpError, McpPool};
+use quiver_mcp::McpError;
 use quiver_model::policy::{SessionFilter, check_session_within_task};
 use quiver_sync::SnapshotHandle;
+use quiver_upstream::Upstream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::{Callers, Task};
-use crate::call::{CallError, ToolCall, call_tool};
+use crate::call::{CallContext, CallError, ToolCall, ToolRunner};
 use crate::catalog::Catalog;
-use crate::schema::SchemaCache;
 
 /// What the handlers share.
 #[derive(Clone)]
 pub struct ApiState {
     /// The registry snapshot.
     pub snapshot: SnapshotHandle,
-    /// MCP connections.
-    pub pool: McpPool,
+    /// Runs tools over the MCP pool.
+    pub runner: ToolRunner,
     /// Caller credentials.
     pub callers: Arc<Callers>,
-    /// Compiled tool input schemas.
-    pub schemas: Arc<SchemaCache>,
+    /// The chat upstream, when configured.
+    pub upstream: Option<Upstream>,
     /// Prometheus recorder, when installed.
     pub metrics: Option<PrometheusHandle>,
+}
+
+/// The header carrying a request's id, taken from the caller when it sends
+/// a usable one and returned on every answer.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The header naming the caller's session (audit).
+pub const SESSION_ID: &str = "x-quiver-session";
+
+/// The caller's request id if it is short printable ASCII, else a new one.
+pub fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| format!("{:032x}", rand::random::<u128>()), str::to_owned)
+}
+
+/// The caller's session id, if it sent one.
+pub fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 256)
+        .map(str::to_owned)
 }
 
 /// The router of the worker's HTTP listener.
@@ -48,6 +73,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/mcp/tools", get(list_tools))
         .route("/v1/mcp/tools/call", post(call))
+        .route("/v1/chat/completions", post(crate::chat::chat_completions))
         .route("/v1/mcp/servers", get(servers))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -72,7 +98,8 @@ pub fn error_response(
         .into_response()
 }
 
-struct Caller(Task);
+/// The authenticated caller of a request.
+pub struct Caller(pub Task);
 
 impl FromRequestParts<ApiState> for Caller {
     type Rejection = Response;
@@ -144,7 +171,14 @@ async fn list_tools(
         );
     }
     let snapshot = state.snapshot.current();
-    let catalog = Catalog::build(&snapshot, &state.pool, &task.policy, Some(&session), None).await;
+    let catalog = Catalog::build(
+        &snapshot,
+        state.runner.pool(),
+        &task.policy,
+        Some(&session),
+        None,
+    )
+    .await;
     let tools: Vec<Value> = catalog
         .tools()
         .iter()
@@ -161,7 +195,12 @@ async fn list_tools(
     axum::Json(Value::Array(tools)).into_response()
 }
 
-async fn call(Caller(task): Caller, State(state): State<ApiState>, body: Bytes) -> Response {
+async fn call(
+    Caller(task): Caller,
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request: ToolCall = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(err) => {
@@ -174,14 +213,14 @@ async fn call(Caller(task): Caller, State(state): State<ApiState>, body: Bytes) 
         }
     };
     let started = Instant::now();
-    match call_tool(
-        &state.snapshot.current(),
-        &state.pool,
-        &state.schemas,
-        &task,
-        &request,
-    )
-    .await
+    let context = CallContext {
+        request_id: request_id(&headers),
+        session_id: session_id(&headers),
+    };
+    match state
+        .runner
+        .call(&state.snapshot.current(), &task, &context, &request)
+        .await
     {
         Ok(done) => {
             let mut body =
@@ -216,7 +255,7 @@ async fn call(Caller(task): Caller, State(state): State<ApiState>, body: Bytes) 
 /// Per-server health and why selected servers are unavailable (diagnostics).
 async fn servers(Caller(task): Caller, State(state): State<ApiState>) -> Response {
     let snapshot = state.snapshot.current();
-    let health = state.pool.health();
+    let health = state.runner.pool().health();
     let servers: Vec<Value> = snapshot
         .servers
         .values()
@@ -259,7 +298,8 @@ async fn readyz(State(state): State<ApiState>) -> Response {
 async fn metrics(State(state): State<ApiState>) -> Response {
     match &state.metrics {
         Some(handle) => {
-            metrics::gauge!("mcp_child_processes").set(state.pool.child_processes() as f64);
+            metrics::gauge!("mcp_child_processes")
+                .set(state.runner.pool().child_processes() as f64);
             handle.render().into_response()
         }
         None => (StatusCode::NOT_FOUND, "metrics recorder not installed").into_response(),

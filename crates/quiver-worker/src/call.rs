@@ -1,6 +1,7 @@
 //! One tool call under the caller's policy and the server's budgets: the
 //! path shared by the direct tool API and the chat tool loop.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use quiver_mcp::{CallOutcome, ContentBlock, JsonObject, McpError, McpPool};
@@ -8,6 +9,7 @@ use quiver_sync::Snapshot;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::audit::AuditOptions;
 use crate::auth::Task;
 use crate::catalog::{Catalog, CatalogTool};
 use crate::schema::SchemaCache;
@@ -41,6 +43,11 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// The refusal for a name that is not one of the caller's tools.
+    pub fn not_available(name: &str) -> Self {
+        CallError::PolicyDenied(format!("{name:?} is not a tool available to this caller"))
+    }
+
     /// The §10 code.
     pub fn code(&self) -> &'static str {
         match self {
@@ -127,81 +134,133 @@ fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
     }
 }
 
-/// Resolves `request.name` against what `task` may use, checks the
-/// arguments against the tool's input schema, and runs the tool.
-pub async fn call_tool(
-    snapshot: &Snapshot,
-    pool: &McpPool,
-    schemas: &SchemaCache,
-    task: &Task,
-    request: &ToolCall,
-) -> Result<CallDone, CallError> {
-    let started = Instant::now();
-    let denied = || {
-        CallError::PolicyDenied(format!(
-            "{:?} is not a tool available to this caller",
-            request.name
-        ))
-    };
-    let candidates = Catalog::candidate_servers(&request.name);
-    if candidates.is_empty() {
-        return Err(denied());
+/// Who a call is made for, for the audit log.
+#[derive(Debug, Clone, Default)]
+pub struct CallContext {
+    /// The worker's id of the HTTP request (`x-request-id`).
+    pub request_id: String,
+    /// The caller's session, when it named one.
+    pub session_id: Option<String>,
+}
+
+/// Runs tools for callers: schema check, pool call, metrics and audit. One
+/// runner serves the direct tool API and the chat tool loop.
+#[derive(Clone)]
+pub struct ToolRunner {
+    pool: McpPool,
+    schemas: Arc<SchemaCache>,
+    audit: Arc<AuditOptions>,
+}
+
+impl ToolRunner {
+    /// A runner over `pool`.
+    pub fn new(pool: McpPool, audit: AuditOptions) -> Self {
+        ToolRunner {
+            pool,
+            schemas: Arc::default(),
+            audit: Arc::new(audit),
+        }
     }
-    let catalog = Catalog::build(snapshot, pool, &task.policy, None, Some(&candidates)).await;
-    let tool = match catalog.resolve(&request.name) {
-        Some(tool) => tool.clone(),
-        None => {
+
+    /// The MCP pool.
+    pub fn pool(&self) -> &McpPool {
+        &self.pool
+    }
+
+    /// Resolves `request.name` against what `task` may use and runs it.
+    pub async fn call(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        context: &CallContext,
+        request: &ToolCall,
+    ) -> Result<CallDone, CallError> {
+        let started = Instant::now();
+        let tool = self.resolve(snapshot, task, &request.name).await?;
+        self.run(task, context, &tool, request.arguments.clone(), started)
+            .await
+    }
+
+    /// The tool `name` refers to among those `task` may use.
+    async fn resolve(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        name: &str,
+    ) -> Result<CatalogTool, CallError> {
+        let candidates = Catalog::candidate_servers(name);
+        if candidates.is_empty() {
+            return Err(CallError::not_available(name));
+        }
+        let catalog =
+            Catalog::build(snapshot, &self.pool, &task.policy, None, Some(&candidates)).await;
+        match catalog.resolve(name) {
+            Some(tool) => Ok(tool.clone()),
             // A selected server that cannot list its tools is unavailable,
             // not a policy refusal.
-            if let Some(down) = catalog.unavailable.first() {
-                return Err(CallError::Mcp(down.error.clone()));
-            }
-            return Err(denied());
+            None => match catalog.unavailable.first() {
+                Some(down) => Err(CallError::Mcp(down.error.clone())),
+                None => Err(CallError::not_available(name)),
+            },
         }
-    };
-    if tool.needs_approval() {
-        return Err(CallError::ApprovalRequired(format!(
-            "{}.{} requires an approval before it runs",
-            tool.server_id(),
-            tool.tool_name()
-        )));
     }
-    let arguments = arguments_object(request.arguments.clone())?;
-    schemas
-        .check(&tool.tool.input_schema, &arguments)
-        .map_err(CallError::InvalidArguments)?;
-    let argument_keys: Vec<&str> = arguments.keys().map(String::as_str).collect();
-    let result = pool
-        .call_tool(&tool.server, tool.tool_name(), Some(arguments.clone()))
-        .await;
-    let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
-    let status = match &result {
-        Ok(outcome) if outcome.result.is_error == Some(true) => "mcp_tool_error",
-        Ok(outcome) if outcome.output.truncated() => "mcp_output_too_large",
-        Ok(_) => "ok",
-        Err(err) => err.code(),
-    };
-    let duration = started.elapsed();
-    metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);
-    metrics::histogram!("mcp_tool_call_latency_ms", "server_id" => server_id.clone(), "tool" => tool_name.clone())
-        .record(duration.as_secs_f64() * 1000.0);
-    if status != "ok" {
-        metrics::counter!("mcp_tool_call_error_total", "server_id" => server_id.clone(), "tool" => tool_name.clone(), "code" => status)
-            .increment(1);
+
+    /// Runs a tool already resolved against the caller's catalog. `started`
+    /// is when the caller's request for it arrived (latency metric).
+    pub async fn run(
+        &self,
+        task: &Task,
+        context: &CallContext,
+        tool: &CatalogTool,
+        arguments: Option<Value>,
+        started: Instant,
+    ) -> Result<CallDone, CallError> {
+        if tool.needs_approval() {
+            return Err(CallError::ApprovalRequired(format!(
+                "{}.{} requires an approval before it runs",
+                tool.server_id(),
+                tool.tool_name()
+            )));
+        }
+        let arguments = arguments_object(arguments)?;
+        self.schemas
+            .check(&tool.tool.input_schema, &arguments)
+            .map_err(CallError::InvalidArguments)?;
+        let logged_arguments = self.audit.arguments(&arguments);
+        let result = self
+            .pool
+            .call_tool(&tool.server, tool.tool_name(), Some(arguments))
+            .await;
+        let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
+        let status = match &result {
+            Ok(outcome) if outcome.result.is_error == Some(true) => "mcp_tool_error",
+            Ok(outcome) if outcome.output.truncated() => "mcp_output_too_large",
+            Ok(_) => "ok",
+            Err(err) => err.code(),
+        };
+        let duration = started.elapsed();
+        metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);
+        metrics::histogram!("mcp_tool_call_latency_ms", "server_id" => server_id.clone(), "tool" => tool_name.clone())
+            .record(duration.as_secs_f64() * 1000.0);
+        if status != "ok" {
+            metrics::counter!("mcp_tool_call_error_total", "server_id" => server_id.clone(), "tool" => tool_name.clone(), "code" => status)
+                .increment(1);
+        }
+        tracing::info!(
+            target: "quiver::audit",
+            request_id = %context.request_id,
+            session_id = context.session_id.as_deref().unwrap_or(""),
+            task = %task.name,
+            server_id = %server_id,
+            tool = %tool_name,
+            status,
+            duration_ms = duration.as_millis() as u64,
+            arguments = %logged_arguments,
+            "mcp tool call"
+        );
+        Ok(CallDone {
+            tool: tool.clone(),
+            outcome: result?,
+        })
     }
-    // Argument values may be secrets: the audit line names only the keys.
-    tracing::info!(
-        target: "quiver::audit",
-        task = %task.name,
-        server_id = %server_id,
-        tool = %tool_name,
-        status,
-        duration_ms = duration.as_millis() as u64,
-        argument_keys = ?argument_keys,
-        "mcp tool call"
-    );
-    Ok(CallDone {
-        tool,
-        outcome: result?,
-    })
 }

@@ -3,9 +3,11 @@
 //! may be used (`quiver_model::policy`) and serves the direct tool API.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod call;
 pub mod catalog;
+pub mod chat;
 pub mod health;
 pub mod schema;
 mod service;

@@ -9,11 +9,14 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use quiver_mcp::{McpPool, PoolOptions};
 use quiver_sync::{SnapshotHandle, SyncOptions, SyncService};
+use quiver_upstream::{Upstream, UpstreamConfigError, UpstreamOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{ApiState, router};
+use crate::audit::AuditOptions;
 use crate::auth::{Callers, CallersConfig, CallersError};
+use crate::call::ToolRunner;
 use crate::health::PoolHealth;
 
 /// How the worker runs.
@@ -33,6 +36,11 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// Prometheus recorder to render at `/metrics`.
     pub metrics: Option<PrometheusHandle>,
+    /// The OpenAI-compatible upstream of `/v1/chat/completions`; without
+    /// one, chat requests are refused (503).
+    pub upstream: Option<UpstreamOptions>,
+    /// What the audit log records of tool arguments.
+    pub audit: AuditOptions,
 }
 
 /// Why the worker could not start.
@@ -49,6 +57,9 @@ pub enum WorkerError {
     /// Caller configuration refused.
     #[error(transparent)]
     Callers(#[from] CallersError),
+    /// Upstream configuration refused.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamConfigError),
     /// Registry sync configuration refused.
     #[error(transparent)]
     Sync(#[from] quiver_sync::SyncError),
@@ -83,11 +94,12 @@ impl Worker {
         let pool = McpPool::new(options.pool.clone());
         let sync = SyncService::new(options.sync.clone())?
             .with_health_source(Arc::new(PoolHealth(pool.clone())));
+        let upstream = options.upstream.clone().map(Upstream::new).transpose()?;
         let state = ApiState {
             snapshot: sync.handle(),
-            pool,
+            runner: ToolRunner::new(pool, options.audit.clone()),
             callers,
-            schemas: Arc::default(),
+            upstream,
             metrics: options.metrics.clone(),
         };
         Ok(Worker {
@@ -113,7 +125,7 @@ impl Worker {
 
     /// The worker's MCP pool.
     pub fn pool(&self) -> McpPool {
-        self.state.pool.clone()
+        self.state.runner.pool().clone()
     }
 
     /// Serves until the shutdown token is cancelled; then drains requests for
@@ -130,11 +142,11 @@ impl Worker {
         let syncing = tokio::spawn(sync.run(shutdown.clone()));
         tokio::spawn(follow_snapshots(
             state.snapshot.clone(),
-            state.pool.clone(),
+            state.runner.pool().clone(),
             options.warm_up.clone(),
             shutdown.clone(),
         ));
-        let pool = state.pool.clone();
+        let pool = state.runner.pool().clone();
         let app = router(state);
         let served = axum::serve(
             listener.tap_io(|tcp| {

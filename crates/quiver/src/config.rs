@@ -65,9 +65,54 @@ pub struct WorkerFile {
     /// Task policies by name.
     #[serde(default)]
     pub tasks: std::collections::BTreeMap<String, quiver_model::policy::TaskPolicy>,
+    /// The chat upstream.
+    #[serde(default)]
+    pub upstream: UpstreamSection,
+    /// Audit log settings.
+    #[serde(default)]
+    pub audit: AuditSection,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
+}
+
+/// `[upstream]` of the worker config.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// Base URL of the OpenAI-compatible API.
+    pub url: Option<String>,
+    /// Environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Retries of 429/5xx/network failures.
+    pub max_retries: Option<u32>,
+    /// Time allowed for one upstream attempt, in seconds.
+    pub request_timeout_secs: Option<u64>,
+    /// Time allowed to connect, in seconds.
+    pub connect_timeout_secs: Option<u64>,
+    /// Longest `Retry-After` honoured, in seconds.
+    pub max_retry_after_secs: Option<u64>,
+}
+
+/// `[audit]` of the worker config.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// Log tool argument values (redacted) instead of only their keys.
+    pub log_arguments: Option<bool>,
+    /// Argument keys whose values are never logged.
+    pub redact_keys: Option<Vec<String>>,
+}
+
+impl AuditSection {
+    /// The worker's audit options: these settings over the defaults.
+    pub fn into_options(self) -> quiver_worker::audit::AuditOptions {
+        let defaults = quiver_worker::audit::AuditOptions::default();
+        quiver_worker::audit::AuditOptions {
+            log_arguments: self.log_arguments.unwrap_or(defaults.log_arguments),
+            redact_keys: self.redact_keys.unwrap_or(defaults.redact_keys),
+        }
+    }
 }
 
 /// `[pool]` of the worker config.

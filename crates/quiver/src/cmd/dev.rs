@@ -16,10 +16,13 @@ use quiver_registry::auth::AuthConfig;
 use quiver_registry::state::McpDir;
 use quiver_registry::{Registry, RegistryOptions};
 use quiver_sync::SyncOptions;
+use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::CallersConfig;
 use quiver_worker::{Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::worker::{UpstreamArgs, upstream_options};
+use crate::config::UpstreamSection;
 use crate::telemetry::{self, LogFormat};
 
 /// Flags of `quiver dev`.
@@ -47,6 +50,9 @@ pub struct DevArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Chat upstream (none by default: dev stays offline).
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
 }
 
 /// The worker's environment, with the directory of this binary first on
@@ -97,6 +103,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .await?;
+    let upstream = upstream_options(args.upstream, UpstreamSection::default())?;
+    let upstream_note = upstream.as_ref().map_or_else(
+        || "no upstream: pass --upstream-url".to_owned(),
+        |u| format!("upstream {}", u.base_url),
+    );
     let worker = Worker::start(
         WorkerOptions {
             http_listen: args.worker_listen,
@@ -116,6 +127,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             warm_up: Vec::new(),
             shutdown_grace: Duration::from_secs(5),
             metrics: Some(metrics),
+            upstream,
+            audit: AuditOptions::default(),
         },
         shutdown.clone(),
     )
@@ -124,13 +137,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "quiver dev: registry on {db} with {dir} loaded, and a worker\n  \
          registry gRPC  http://{grpc}   (quiver servers list)\n  \
          registry HTTP  http://{http}/admin/api/mcp/servers\n  \
-         worker   HTTP  http://{worker}/v1/mcp/tools\n  \
+         worker   HTTP  http://{worker}/v1/mcp/tools   /v1/chat/completions ({chat})\n  \
          AUTHENTICATION DISABLED (--insecure-no-auth): loopback only, every caller is admin",
         db = args.database_url,
         dir = args.mcp_dir.display(),
         grpc = registry.grpc_addr(),
         http = registry.http_addr(),
         worker = worker.http_addr(),
+        chat = upstream_note,
     );
     tokio::spawn(super::registry::shutdown_on_signal(shutdown));
     let (registry, worker) = tokio::join!(registry.run(), worker.run());

@@ -8,11 +8,12 @@ use anyhow::{Context, bail};
 use clap::Args;
 use quiver_mcp::PoolOptions;
 use quiver_sync::SyncOptions;
+use quiver_upstream::UpstreamOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
 use quiver_worker::{Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, WorkerFile};
+use crate::config::{self, UpstreamSection, WorkerFile};
 use crate::telemetry::{self, LogFormat};
 
 /// Flags of `quiver worker` (each also `QUIVER_<FLAG>`).
@@ -50,6 +51,53 @@ pub struct WorkerArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Chat upstream.
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+}
+
+/// Flags naming the OpenAI-compatible upstream of `/v1/chat/completions`
+/// (shared by `quiver worker` and `quiver dev`).
+#[derive(Args, Debug, Default)]
+pub struct UpstreamArgs {
+    /// Base URL of the OpenAI-compatible chat API, e.g. https://api.openai.com/v1.
+    #[arg(long, env = "QUIVER_UPSTREAM_URL")]
+    pub upstream_url: Option<String>,
+    /// Environment variable holding the upstream API key [default: OPENAI_API_KEY].
+    #[arg(long, env = "QUIVER_UPSTREAM_API_KEY_ENV")]
+    pub upstream_api_key_env: Option<String>,
+}
+
+/// Upstream options from flags over the config file; `None` when no URL is
+/// configured (chat requests are then refused with 503).
+pub fn upstream_options(
+    args: UpstreamArgs,
+    file: UpstreamSection,
+) -> anyhow::Result<Option<UpstreamOptions>> {
+    let Some(url) = args.upstream_url.or(file.url) else {
+        return Ok(None);
+    };
+    let base_url = url::Url::parse(&url).with_context(|| format!("upstream url {url:?}"))?;
+    let key_env = args
+        .upstream_api_key_env
+        .or(file.api_key_env)
+        .unwrap_or_else(|| "OPENAI_API_KEY".to_owned());
+    let mut options = UpstreamOptions::new(base_url);
+    // Local providers need no key: an unset variable sends none.
+    options.api_key = std::env::var(&key_env).ok().filter(|key| !key.is_empty());
+    if let Some(retries) = file.max_retries {
+        options.max_retries = retries;
+    }
+    if let Some(secs) = file.request_timeout_secs {
+        options.request_timeout = Duration::from_secs(secs);
+    }
+    if let Some(secs) = file.connect_timeout_secs {
+        options.connect_timeout = Duration::from_secs(secs);
+    }
+    if let Some(secs) = file.max_retry_after_secs {
+        options.max_retry_after = Duration::from_secs(secs);
+    }
+    Ok(Some(options))
 }
 
 fn default_worker_id() -> String {
@@ -146,6 +194,8 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
         warm_up,
         shutdown_grace: Duration::from_secs(10),
         metrics: None,
+        upstream: upstream_options(args.upstream, file.upstream)?,
+        audit: file.audit.into_options(),
     };
     Ok((
         options,
