@@ -99,8 +99,7 @@ async fn the_registry_service_command_is_accepted_by_the_binary() {
             // Same variables, values for this machine.
             "QUIVER_DATABASE_URL" => db.url().to_owned(),
             "QUIVER_GRPC_LISTEN" | "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
-            _ if value.starts_with("${") => "token-for-test".to_owned(),
-            _ => value.clone(),
+            _ => interpolated(value),
         };
         command.env(key, value);
     }
@@ -116,6 +115,22 @@ async fn the_registry_service_command_is_accepted_by_the_binary() {
             stdout.contains(&format!("+ create {id}")),
             "dry-run plans the example {id}:\n{stdout}"
         );
+    }
+}
+
+/// A compose value as compose would interpolate it with the variable unset:
+/// `${VAR:-default}` gives the default; a required `${VAR:?…}` gets a test
+/// token.
+fn interpolated(value: &str) -> String {
+    match value
+        .strip_prefix("${")
+        .and_then(|rest| rest.strip_suffix('}'))
+    {
+        Some(inner) => match inner.split_once(":-") {
+            Some((_, default)) => default.to_owned(),
+            None => "token-for-test".to_owned(),
+        },
+        None => value.to_owned(),
     }
 }
 
@@ -141,8 +156,7 @@ async fn the_worker_service_commands_start_a_worker() {
             let value = match key.as_str() {
                 "QUIVER_REGISTRY" => "http://127.0.0.1:1".to_owned(),
                 "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
-                _ if value.starts_with("${") => "token-for-test".to_owned(),
-                _ => value.clone(),
+                _ => interpolated(value),
             };
             command.env(key, value);
         }

@@ -1258,6 +1258,47 @@ mod tests {
     }
 
     #[test]
+    fn task_budgets_and_model_routing() {
+        let task: TaskPolicy = toml::from_str(
+            r#"
+            model = "big"
+            [budgets]
+            max_iterations = 4
+            [models]
+            small = "tiny"
+            "#,
+        )
+        .unwrap();
+        let compiled = task.compile().unwrap();
+        assert_eq!(compiled.budgets().max_iterations, 4);
+        assert_eq!(compiled.upstream_model(Some("small")), Some("big"));
+        let mapped = TaskPolicy {
+            model: None,
+            ..task.clone()
+        }
+        .compile()
+        .unwrap();
+        assert_eq!(mapped.upstream_model(Some("small")), Some("tiny"));
+        assert_eq!(mapped.upstream_model(Some("other")), None);
+        assert_eq!(mapped.upstream_model(None), None);
+
+        let zero: TaskPolicy = toml::from_str("[budgets]\nmax_total_tool_calls = 0").unwrap();
+        let err = zero.compile().unwrap_err();
+        assert_eq!(err.field(), "max_total_tool_calls");
+        assert!(
+            err.to_string().starts_with("budgets.max_total_tool_calls"),
+            "{err}"
+        );
+        let empty = TaskPolicy {
+            models: [("a".to_owned(), " ".to_owned())].into(),
+            ..TaskPolicy::default()
+        };
+        assert_eq!(empty.compile().unwrap_err().field(), "models.a");
+        let typo = toml::from_str::<TaskPolicy>("max_iteration = 3").unwrap_err();
+        assert!(typo.to_string().contains("max_iteration"), "{typo}");
+    }
+
+    #[test]
     fn policies_deserialize_from_config_and_requests() {
         let task: TaskPolicy = toml::from_str(
             r#"
