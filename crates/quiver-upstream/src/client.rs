@@ -20,6 +20,9 @@ use crate::retry::{Verdict, requested_pause, verdict};
 /// the bound only stops a misbehaving peer from exhausting memory).
 const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
+/// Largest part of an error answer kept for the caller.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
 /// Where the upstream is and how hard to try.
 #[derive(Debug, Clone)]
 pub struct UpstreamOptions {
@@ -30,8 +33,8 @@ pub struct UpstreamOptions {
     pub api_key: Option<String>,
     /// Time allowed to open a connection.
     pub connect_timeout: Duration,
-    /// Time allowed for one attempt: a whole answer, or the first streamed
-    /// event and then each following one.
+    /// Time allowed for each wait of one attempt: the answer's headers, then
+    /// its body (or each streamed event).
     pub request_timeout: Duration,
     /// Attempts after the first one for retryable failures.
     pub max_retries: u32,
@@ -177,35 +180,40 @@ impl Upstream {
     pub async fn stream(&self, body: Bytes) -> Result<ChunkStream, UpstreamError> {
         let (response, _) = self.send(body, true).await?;
         let idle = self.options.request_timeout;
-        let chunks = futures::stream::unfold(events_of(response), move |mut events| async move {
-            let item = match tokio::time::timeout(idle, events.next()).await {
-                Err(_) => Err(UpstreamError::Stream(format!("no event for {idle:?}"))),
-                Ok(None) => return None,
-                Ok(Some(Err(err))) => Err(UpstreamError::Stream(err.to_string())),
-                Ok(Some(Ok(event))) => Ok(event.data),
-            };
-            Some((item, events))
-        });
-        Ok(chunks
-            .filter_map(|item| async move {
-                match item {
-                    // Comments and keep-alives carry no data.
-                    Ok(None) => None,
-                    Ok(Some(data)) => Some(Ok(data)),
-                    Err(err) => Some(Err(err)),
+        // The state is `None` once the stream ended or failed; an answer cut
+        // off before `[DONE]` is an error, not a short answer.
+        let chunks = futures::stream::unfold(Some(events_of(response)), move |events| async move {
+            let mut events = events?;
+            loop {
+                let event = match tokio::time::timeout(idle, events.next()).await {
+                    Err(_) => {
+                        let err = UpstreamError::Stream(format!("no event for {idle:?}"));
+                        return Some((Err(err), None));
+                    }
+                    Ok(None) => {
+                        let err = UpstreamError::Stream("the stream ended before [DONE]".into());
+                        return Some((Err(err), None));
+                    }
+                    Ok(Some(Err(err))) => {
+                        return Some((Err(UpstreamError::Stream(err.to_string())), None));
+                    }
+                    Ok(Some(Ok(event))) => event,
+                };
+                // Comments and keep-alives carry no data.
+                let Some(data) = event.data else { continue };
+                if data.trim() == "[DONE]" {
+                    return None;
                 }
-            })
-            .take_while(|item| {
-                let done = matches!(item, Ok(data) if data.trim() == "[DONE]");
-                async move { !done }
-            })
-            .map(|item| {
-                item.and_then(|data| {
-                    serde_json::from_str::<Value>(&data)
-                        .map_err(|err| UpstreamError::Stream(format!("chunk is not JSON: {err}")))
-                })
-            })
-            .boxed())
+                return match serde_json::from_str::<Value>(&data) {
+                    Ok(chunk) => Some((Ok(chunk), Some(events))),
+                    Err(err) => {
+                        let err = UpstreamError::Stream(format!("chunk is not JSON: {err}"));
+                        Some((Err(err), None))
+                    }
+                };
+            }
+        });
+        Ok(chunks.fuse().boxed())
     }
 
     /// Posts `body` until a success status, a rejection, or the end of the
@@ -338,9 +346,18 @@ async fn provider_answer(
 ) -> (StatusCode, Bytes, Option<HeaderValue>) {
     let status = response.status();
     let content_type = response.headers().get(CONTENT_TYPE).cloned();
-    let body = match tokio::time::timeout(timeout, response.bytes()).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) | Err(_) => Bytes::new(),
-    };
-    (status, body, content_type)
+    let mut response = response;
+    let mut body = Vec::new();
+    // An error body is a message: keep its start, never wait or grow forever.
+    let read = tokio::time::timeout(timeout, async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            let room = MAX_ERROR_BODY_BYTES - body.len();
+            body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if body.len() == MAX_ERROR_BODY_BYTES {
+                break;
+            }
+        }
+    });
+    let _ = read.await;
+    (status, Bytes::from(body), content_type)
 }

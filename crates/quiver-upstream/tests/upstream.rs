@@ -1044,3 +1044,41 @@ async fn upstream_stream(upstream: &Upstream) -> quiver_upstream::ChunkStream {
         .expect("stream() returned in time")
         .expect("stream")
 }
+
+#[tokio::test]
+async fn a_stream_cut_off_before_done_is_a_stream_error() {
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {}\n\n",
+        chunk_json("partial")
+    );
+    let server = RawServer::start(vec![Raw::Answer(answer)]).await;
+    let mut chunks = upstream_stream(&client(options(&server.base_url()))).await;
+    let first = chunks.next().await.expect("an item").expect("first chunk");
+    assert_eq!(streamed_text(&[first]), "partial");
+    let err = chunks.next().await.expect("an item").unwrap_err();
+    assert!(
+        matches!(&err, UpstreamError::Stream(message) if message.contains("[DONE]")),
+        "{err:?}"
+    );
+    assert!(
+        chunks.next().await.is_none(),
+        "the stream ends after the error"
+    );
+    assert!(chunks.next().await.is_none(), "and stays ended");
+}
+
+#[tokio::test]
+async fn an_error_body_is_kept_only_up_to_a_limit() {
+    let huge = "x".repeat(1024 * 1024);
+    let server = RawServer::start(vec![Raw::Answer(http(
+        "400 Bad Request",
+        "text/plain",
+        &huge,
+    ))])
+    .await;
+    let err = complete(&client(options(&server.base_url())))
+        .await
+        .unwrap_err();
+    let (body, _) = err.provider_body().expect("the provider's body");
+    assert_eq!(body.len(), 64 * 1024, "the start of the body is kept");
+}
