@@ -5,6 +5,7 @@
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth (override with
 # QUIVER_TEST_DATABASE_URL); starts the local cluster if it is installed but down.
+# Needs python3 (with venv and pip) and PyPI for the OpenAI SDK test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,20 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest"
   cargo install --locked cargo-nextest
 fi
+
+# The official OpenAI Python SDK, the caller of the SDK compatibility test
+# (tests/e2e/openai_sdk.rs), in a venv made once and reused while it holds
+# the pinned version.
+OPENAI_SDK_VERSION=3.54.0
+pyenv="$PWD/target/pyenv"
+if "$pyenv/bin/python" -c "import sys, importlib.metadata as m; sys.exit(m.version('openai') != '$OPENAI_SDK_VERSION')" >/dev/null 2>&1; then
+  echo "using openai==$OPENAI_SDK_VERSION in target/pyenv"
+else
+  echo "installing openai==$OPENAI_SDK_VERSION into target/pyenv"
+  python3 -m venv --clear "$pyenv"
+  "$pyenv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_SDK_VERSION"
+fi
+export QUIVER_TEST_PYTHON="$pyenv/bin/python"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

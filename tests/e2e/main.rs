@@ -13,6 +13,7 @@ mod crash_safety;
 mod deployment;
 mod graceful_shutdown;
 mod harness;
+mod openai_sdk;
 mod registry_concurrency;
 mod replicas;
 mod worker;
