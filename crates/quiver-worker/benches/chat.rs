@@ -1,0 +1,361 @@
+//! Chat benchmark (issue #4): the latency the worker adds to a chat
+//! completion when a caller enables MCP with 20 servers × 50 tools, against
+//! calling the same upstream directly, measured in the same run.
+//!
+//! Everything is real and talks over loopback: 20 testkit MCP servers over
+//! streamable HTTP (`TestServer::example().with_generated_tools(50)`, records
+//! with `allowed_tools = ["generated_*"]`, so exactly 50 tools each), an
+//! in-process registry on SQLite, an in-process worker synced to it and warm
+//! (tool lists cached, as in steady state), and the testkit's scripted
+//! OpenAI-compatible upstream answering every request at once with a short
+//! text, without parsing or keeping the body (zero latency).
+//!
+//! Routes, in alternating rounds so load changes hit all alike:
+//! - **direct**: the caller's body posted to the upstream itself;
+//! - **worker, mcp off**: the same body through the worker (pass-through);
+//! - **worker, mcp on**: the body with `"mcp": {"enabled": true}` through the
+//!   worker: catalog of 1000 tools, injection, one upstream request whose
+//!   body carries the 1000 tool definitions, the answer with the `mcp`
+//!   extension;
+//! - **layer: catalog**: `Catalog::build` for the caller's task alone (no I/O).
+//!
+//! Goal: p50 added by the worker with MCP on ≤ 1 ms.
+//!
+//! `cargo bench -p quiver-worker --bench chat`. Sizes (defaults in brackets):
+//! `QUIVER_BENCH_SERVERS` [20], `QUIVER_BENCH_TOOLS` [50],
+//! `QUIVER_BENCH_CALLS` [2000] requests per route, `QUIVER_BENCH_ROUNDS` [8],
+//! `QUIVER_BENCH_WARMUP` [100].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quiver_mcp::PoolOptions;
+use quiver_model::policy::CompiledTaskPolicy;
+use quiver_model::{HttpConfig, McpServerSpec, Source, Transport};
+use quiver_registry::auth::AuthConfig;
+use quiver_registry::{Registry, RegistryOptions};
+use quiver_store::{SqlStore, Store, UpsertRequest};
+use quiver_sync::SyncOptions;
+use quiver_testkit::bench::{Samples, env_usize, ms};
+use quiver_testkit::mcp_server::{HttpTestServer, TestServer, spawn_streamable_http};
+use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream, UpstreamOptions};
+use quiver_upstream::UpstreamOptions as WorkerUpstream;
+use quiver_worker::audit::AuditOptions;
+use quiver_worker::auth::{CallerToken, CallersConfig};
+use quiver_worker::catalog::Catalog;
+use quiver_worker::{Worker, WorkerOptions};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const WORKER_TOKEN: &str = "bench-worker-token";
+const CALLER_TOKEN: &str = "bench-caller-token";
+const ANSWER: &str = "The answer is 42.";
+
+#[derive(Clone, Copy)]
+struct Config {
+    servers: usize,
+    tools: usize,
+    calls: usize,
+    rounds: usize,
+    warmup: usize,
+}
+
+impl Config {
+    fn from_env() -> Config {
+        Config {
+            servers: env_usize("QUIVER_BENCH_SERVERS", 20),
+            tools: env_usize("QUIVER_BENCH_TOOLS", 50),
+            calls: env_usize("QUIVER_BENCH_CALLS", 2000),
+            rounds: env_usize("QUIVER_BENCH_ROUNDS", 8).max(1),
+            warmup: env_usize("QUIVER_BENCH_WARMUP", 100),
+        }
+    }
+}
+
+/// MCP servers, registry, upstream and worker, all in this process; the
+/// registry is served by `registry_task` until `shutdown`.
+struct Stack {
+    _servers: Vec<HttpTestServer>,
+    upstream: ScriptedUpstream,
+    worker: Worker,
+    shutdown: CancellationToken,
+    registry_task: tokio::task::JoinHandle<()>,
+    _scratch: tempfile::TempDir,
+}
+
+impl Stack {
+    async fn start(config: Config) -> BenchResult<Stack> {
+        let mut servers = Vec::new();
+        let mut specs = Vec::new();
+        for i in 0..config.servers {
+            let server =
+                spawn_streamable_http(TestServer::example().with_generated_tools(config.tools))
+                    .await?;
+            let mut spec = McpServerSpec::new(format!("bench-{i:02}"), Transport::StreamableHttp);
+            spec.http = Some(HttpConfig {
+                url: server.url().to_owned(),
+                headers: BTreeMap::new(),
+                auth_ref: None,
+            });
+            spec.allowed_tools = vec!["generated_*".into()];
+            specs.push(spec);
+            servers.push(server);
+        }
+        let scratch = tempfile::tempdir()?;
+        let url = format!("sqlite://{}", scratch.path().join("registry.db").display());
+        let store: Arc<dyn Store> = Arc::new(SqlStore::open_sqlite(&url).await?);
+        for spec in specs {
+            store
+                .upsert(UpsertRequest {
+                    spec,
+                    expected_revision: None,
+                    actor: "bench".into(),
+                    source: Source::Api,
+                })
+                .await?;
+        }
+        let shutdown = CancellationToken::new();
+        let registry = Registry::start(
+            store,
+            RegistryOptions {
+                grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                auth: AuthConfig {
+                    admin_token: Some("bench-admin".into()),
+                    worker_token: Some(WORKER_TOKEN.into()),
+                    insecure_no_auth: false,
+                },
+                shutdown_grace: Duration::from_secs(1),
+                ..RegistryOptions::default()
+            },
+            shutdown.clone(),
+        )
+        .await?;
+        let upstream = ScriptedUpstream::start_with(
+            Script::respond(|_, _| Reply::text(ANSWER)),
+            UpstreamOptions::new().with_record_bodies(false),
+        )
+        .await;
+        let worker = Worker::start(
+            WorkerOptions {
+                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                sync: SyncOptions {
+                    registry_url: format!("http://{}", registry.grpc_addr()),
+                    token: Some(WORKER_TOKEN.into()),
+                    worker_id: "bench".into(),
+                    ..SyncOptions::default()
+                },
+                pool: PoolOptions::default(),
+                callers: CallersConfig {
+                    callers: vec![CallerToken {
+                        token: CALLER_TOKEN.into(),
+                        task: "default".into(),
+                    }],
+                    ..CallersConfig::default()
+                },
+                warm_up: Vec::new(),
+                shutdown_grace: Duration::from_secs(1),
+                metrics: None,
+                upstream: Some(WorkerUpstream::new(upstream.base_url().parse()?)),
+                audit: AuditOptions::default(),
+            },
+            shutdown.clone(),
+        )
+        .await?;
+        let registry_task = tokio::spawn(async move {
+            if let Err(err) = registry.run().await {
+                eprintln!("registry stopped: {err}");
+            }
+        });
+        Ok(Stack {
+            _servers: servers,
+            upstream,
+            worker,
+            shutdown,
+            registry_task,
+            _scratch: scratch,
+        })
+    }
+}
+
+/// One way of getting the answer: a chat request posted to `url`.
+struct Route {
+    client: reqwest::Client,
+    url: String,
+    bearer: Option<&'static str>,
+    body: Vec<u8>,
+}
+
+impl Route {
+    async fn call(&self) -> BenchResult<()> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(self.body.clone());
+        if let Some(token) = self.bearer {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let answer: Value = response.json().await?;
+        if !status.is_success() || answer["choices"][0]["message"]["content"] != ANSWER {
+            return Err(format!("unexpected answer {status}: {answer}").into());
+        }
+        Ok(())
+    }
+}
+
+fn caller_body(mcp: bool) -> Vec<u8> {
+    let mut body = json!({
+        "model": "bench-model",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is six times seven?"},
+        ],
+        "temperature": 0.2,
+    });
+    if mcp {
+        body["mcp"] = json!({"enabled": true});
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+fn main() -> BenchResult<()> {
+    let config = Config::from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: Config) -> BenchResult<()> {
+    let started = Instant::now();
+    let stack = Stack::start(config).await?;
+    let worker_url = format!("http://{}", stack.worker.http_addr());
+    let snapshot = stack.worker.snapshot();
+    let pool = stack.worker.pool();
+    let shutdown = stack.shutdown.clone();
+    let worker = stack.worker;
+    let serving = tokio::spawn(async move {
+        if let Err(err) = worker.run().await {
+            eprintln!("worker stopped: {err}");
+        }
+    });
+
+    // Synced and warm: every server's tools listed and cached.
+    let expected_tools = config.servers * config.tools;
+    let policy = CompiledTaskPolicy::unrestricted();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let catalog = Catalog::build(&snapshot.current(), &pool, &policy, None, None).await;
+        if catalog.tools().len() == expected_tools {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "worker offers {} tools, expected {expected_tools}",
+                catalog.tools().len()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let direct = Route {
+        client: client.clone(),
+        url: format!("{}/chat/completions", stack.upstream.base_url()),
+        bearer: None,
+        body: caller_body(false),
+    };
+    let pass_through = Route {
+        client: client.clone(),
+        url: format!("{worker_url}/v1/chat/completions"),
+        bearer: Some(CALLER_TOKEN),
+        body: caller_body(false),
+    };
+    let with_mcp = Route {
+        client,
+        url: format!("{worker_url}/v1/chat/completions"),
+        bearer: Some(CALLER_TOKEN),
+        body: caller_body(true),
+    };
+    let routes = [&direct, &pass_through, &with_mcp];
+    for route in routes {
+        for _ in 0..config.warmup {
+            route.call().await?;
+        }
+    }
+    let per_round = config.calls.div_ceil(config.rounds);
+    let mut samples: [Vec<Duration>; 4] = Default::default();
+    for _ in 0..config.rounds {
+        for (i, route) in routes.iter().enumerate() {
+            for _ in 0..per_round {
+                let t = Instant::now();
+                route.call().await?;
+                samples[i].push(t.elapsed());
+            }
+        }
+        for _ in 0..per_round {
+            let t = Instant::now();
+            let catalog = Catalog::build(&snapshot.current(), &pool, &policy, None, None).await;
+            samples[3].push(t.elapsed());
+            if catalog.tools().len() != expected_tools {
+                return Err("catalog changed during the run".into());
+            }
+        }
+    }
+    let [direct, pass_through, with_mcp, catalog] = samples.map(Samples::new);
+
+    println!(
+        "\nchat benchmark: {} servers × {} tools = {expected_tools} tools injected; {} requests per route in {} rounds (after {} warm-up)\n",
+        config.servers,
+        config.tools,
+        per_round * config.rounds,
+        config.rounds,
+        config.warmup
+    );
+    println!("| route | p50 | p99 | mean | added p50 vs direct | added p99 vs direct | goal |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    let row = |name: &str, s: &Samples, goal: &str| {
+        let added50 = ms(s.p50()) - ms(direct.p50());
+        let added99 = ms(s.p99()) - ms(direct.p99());
+        println!(
+            "| {name} | {:.3} ms | {:.3} ms | {:.3} ms | {added50:+.3} ms | {added99:+.3} ms | {goal} |",
+            ms(s.p50()),
+            ms(s.p99()),
+            ms(s.mean()),
+        );
+    };
+    row("direct to the upstream (baseline)", &direct, "");
+    row("worker, mcp off (pass-through)", &pass_through, "");
+    let added = ms(with_mcp.p50()) - ms(direct.p50());
+    let verdict = if added <= 1.0 { "MET" } else { "MISSED" };
+    row(
+        &format!("worker, mcp on, {expected_tools} tools"),
+        &with_mcp,
+        &format!("added p50 ≤ 1 ms: {verdict}"),
+    );
+    println!(
+        "| layer: Catalog::build, {expected_tools} tools (no I/O) | {:.3} ms | {:.3} ms | {:.3} ms | — | — | |",
+        ms(catalog.p50()),
+        ms(catalog.p99()),
+        ms(catalog.mean()),
+    );
+    println!(
+        "\nratio worker mcp on / direct, p50: {:.2}×; run took {:.1} s",
+        ms(with_mcp.p50()) / ms(direct.p50()),
+        started.elapsed().as_secs_f64()
+    );
+
+    shutdown.cancel();
+    let _ = serving.await;
+    let _ = stack.registry_task.await;
+    stack.upstream.shutdown().await;
+    Ok(())
+}
