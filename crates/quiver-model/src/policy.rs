@@ -272,6 +272,12 @@ pub struct CompiledSessionFilter {
 }
 
 impl CompiledSessionFilter {
+    /// The session's tool patterns as written: (allowlist, denylist). Two
+    /// filters with the same patterns decide every tool alike.
+    pub fn tool_patterns(&self) -> (&[String], &[String]) {
+        (&self.allowlist.patterns, &self.denylist.patterns)
+    }
+
     fn check_tool(&self, qualified: &str) -> Result<(), RejectReason> {
         if let Some(pattern) = self.denylist.first_match(qualified) {
             return Err(RejectReason::DeniedBySession { pattern });

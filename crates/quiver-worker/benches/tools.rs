@@ -697,7 +697,7 @@ enum Route {
     CallTool(SnapshotHandle, ToolRunner, Task, String),
     /// `Catalog::build` for the name's candidate servers and `resolve`: the
     /// per-call policy work alone (tool lists come from the pool's cache).
-    Catalog(SnapshotHandle, McpPool, Task, String),
+    Catalog(SnapshotHandle, ToolRunner, Task, String),
     /// `POST /v1/mcp/tools/call` on the worker.
     WorkerApi(reqwest::Client, reqwest::Url, Arc<Vec<u8>>),
     /// `GET /healthz` on the worker: an HTTP round trip that does nothing.
@@ -750,16 +750,11 @@ impl Route {
                         .map(|t| t.text.as_str()),
                 )
             }
-            Route::Catalog(snapshot, pool, task, name) => {
+            Route::Catalog(snapshot, runner, task, name) => {
                 let candidates = Catalog::candidate_servers(name);
-                let catalog = Catalog::build(
-                    &snapshot.current(),
-                    pool,
-                    &task.policy,
-                    None,
-                    Some(&candidates),
-                )
-                .await;
+                let catalog = runner
+                    .catalog(&snapshot.current(), task, None, Some(&candidates))
+                    .await;
                 if catalog.resolve(name).is_none() {
                     return Err(format!("{name} does not resolve").into());
                 }
@@ -1061,7 +1056,7 @@ async fn bench_api(
     let pool = Route::Pool(stack.pool.clone(), server);
     let catalog = Route::Catalog(
         stack.snapshot.clone(),
-        stack.pool.clone(),
+        ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
         task.clone(),
         injected.clone(),
     );

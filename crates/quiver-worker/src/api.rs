@@ -26,7 +26,6 @@ use serde_json::{Value, json};
 
 use crate::auth::{Callers, Task};
 use crate::call::{CallContext, CallError, ToolCall, ToolRunner};
-use crate::catalog::Catalog;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -171,17 +170,12 @@ async fn list_tools(
         );
     }
     let snapshot = state.snapshot.current();
-    let catalog = Catalog::build(
-        &snapshot,
-        state.runner.pool(),
-        &task.policy,
-        Some(&session),
-        None,
-    )
-    .await;
+    let catalog = state
+        .runner
+        .catalog(&snapshot, &task, Some(&session), None)
+        .await;
     let tools: Vec<Value> = catalog
         .tools()
-        .iter()
         .map(|tool| {
             json!({
                 "name": tool.injected_name,

@@ -1,17 +1,19 @@
 //! One tool call under the caller's policy and the server's budgets: the
 //! path shared by the direct tool API and the chat tool loop.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use quiver_mcp::{CallOutcome, ContentBlock, JsonObject, McpError, McpPool};
+use quiver_model::policy::CompiledSessionFilter;
 use quiver_sync::Snapshot;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::audit::AuditOptions;
 use crate::auth::Task;
-use crate::catalog::{Catalog, CatalogTool};
+use crate::catalog::{Catalog, CatalogCache, CatalogTool};
 use crate::schema::SchemaCache;
 
 /// A request to run one tool.
@@ -148,6 +150,7 @@ pub struct CallContext {
 #[derive(Clone)]
 pub struct ToolRunner {
     pool: McpPool,
+    catalogs: Arc<CatalogCache>,
     schemas: Arc<SchemaCache>,
     audit: Arc<AuditOptions>,
 }
@@ -157,6 +160,7 @@ impl ToolRunner {
     pub fn new(pool: McpPool, audit: AuditOptions) -> Self {
         ToolRunner {
             pool,
+            catalogs: Arc::default(),
             schemas: Arc::default(),
             audit: Arc::new(audit),
         }
@@ -165,6 +169,26 @@ impl ToolRunner {
     /// The MCP pool.
     pub fn pool(&self) -> &McpPool {
         &self.pool
+    }
+
+    /// The tools `task` (narrowed by `session`, restricted to `only`) may
+    /// use now; see [`Catalog::build`].
+    pub async fn catalog(
+        &self,
+        snapshot: &Snapshot,
+        task: &Task,
+        session: Option<&CompiledSessionFilter>,
+        only: Option<&BTreeSet<String>>,
+    ) -> Catalog {
+        Catalog::build(
+            snapshot,
+            &self.pool,
+            &self.catalogs,
+            &task.policy,
+            session,
+            only,
+        )
+        .await
     }
 
     /// Resolves `request.name` against what `task` may use and runs it.
@@ -192,8 +216,7 @@ impl ToolRunner {
         if candidates.is_empty() {
             return Err(CallError::not_available(name));
         }
-        let catalog =
-            Catalog::build(snapshot, &self.pool, &task.policy, None, Some(&candidates)).await;
+        let catalog = self.catalog(snapshot, task, None, Some(&candidates)).await;
         match catalog.resolve(name) {
             Some(tool) => Ok(tool.clone()),
             // A selected server that cannot list its tools is unavailable,

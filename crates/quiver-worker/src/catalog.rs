@@ -5,64 +5,30 @@
 //! Routing resolves a model's tool name only against this catalog, so a name
 //! that was not injected for this request — malformed, denied, or of a
 //! server outside the policy — can never be executed (R-NAME-2).
+//!
+//! Evaluating a server's tools (patterns, name encoding, the function JSON
+//! sent to models) is done once per record, tool list, task and session
+//! patterns and kept in a [`CatalogCache`]: a chat request with a thousand
+//! tools then costs a few lookups instead of a thousand evaluations.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use quiver_mcp::{McpError, McpPool, Tool};
 use quiver_model::naming::{parse_compat_name, parse_injected_name};
-use quiver_model::pattern::PatternError;
 use quiver_model::policy::{
-    CompiledSessionFilter, CompiledTaskPolicy, Decision, RejectReason, ServerToolFilter,
-    evaluate_tools, server_selected,
+    CompiledSessionFilter, CompiledTaskPolicy, Decision, ServerToolFilter, evaluate_tools,
+    server_selected,
 };
-use quiver_model::{ApprovalMode, ApprovalPolicy, McpServerSpec, StoredServer};
+use quiver_model::{ApprovalMode, ApprovalPolicy, StoredServer};
 use quiver_sync::Snapshot;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
-/// Compiled filters kept at most; the cache starts over when full.
-const FILTER_CACHE_LIMIT: usize = 4096;
-
-/// A record's compiled `allowed_tools` / `denied_tools`, with the lists it
-/// was compiled from.
-struct CachedFilter {
-    allowed: Vec<String>,
-    denied: Vec<String>,
-    filter: Arc<ServerToolFilter>,
-}
-
-/// Compiled server tool filters by server id. Compiling the patterns builds
-/// a regex and costs far more than the rest of a catalog (tens of
-/// microseconds per server and request), while the lists change only when
-/// the record does; an entry is used only while the record's lists are
-/// exactly the ones it was compiled from.
-static FILTERS: LazyLock<Mutex<HashMap<String, CachedFilter>>> = LazyLock::new(Mutex::default);
-
-/// `ServerToolFilter::new(spec)`, compiled once per distinct lists.
-fn server_filter(spec: &McpServerSpec) -> Result<Arc<ServerToolFilter>, PatternError> {
-    let cached = FILTERS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&spec.server_id)
-        .filter(|c| c.allowed == spec.allowed_tools && c.denied == spec.denied_tools)
-        .map(|c| c.filter.clone());
-    if let Some(filter) = cached {
-        return Ok(filter);
-    }
-    let filter = Arc::new(ServerToolFilter::new(spec)?);
-    let mut filters = FILTERS.lock().unwrap_or_else(|p| p.into_inner());
-    if filters.len() >= FILTER_CACHE_LIMIT {
-        filters.clear();
-    }
-    filters.insert(
-        spec.server_id.clone(),
-        CachedFilter {
-            allowed: spec.allowed_tools.clone(),
-            denied: spec.denied_tools.clone(),
-            filter: filter.clone(),
-        },
-    );
-    Ok(filter)
-}
+/// Evaluated servers kept at most; the cache starts over when full.
+const CACHE_LIMIT: usize = 4096;
 
 /// One injected tool.
 #[derive(Debug, Clone)]
@@ -101,9 +67,24 @@ impl CatalogTool {
             }),
         }
     }
+
+    /// The OpenAI function definition: `{"type": "function", "function":
+    /// {name, description, parameters}}`, the input schema unchanged.
+    fn function(&self) -> Value {
+        let mut function = Map::new();
+        function.insert("name".into(), Value::String(self.injected_name.clone()));
+        if let Some(description) = &self.tool.description {
+            function.insert("description".into(), Value::String(description.to_string()));
+        }
+        function.insert(
+            "parameters".into(),
+            Value::Object((*self.tool.input_schema).clone()),
+        );
+        serde_json::json!({"type": "function", "function": function})
+    }
 }
 
-/// A server that was selected but whose tools are not offered, and why.
+/// A selected server whose tools are not offered, and why.
 #[derive(Debug, Clone)]
 pub struct Unavailable {
     /// The server.
@@ -112,15 +93,150 @@ pub struct Unavailable {
     pub error: McpError,
 }
 
+/// The injected tools of one server for one task and session patterns.
+#[derive(Debug)]
+struct ServerTools {
+    server_id: String,
+    tools: Vec<CatalogTool>,
+    by_injected: HashMap<String, usize>,
+    /// `CatalogTool::function` of each tool, serialized once.
+    functions: Vec<Box<RawValue>>,
+}
+
+impl ServerTools {
+    fn evaluate(
+        server: &Arc<StoredServer>,
+        tools: &[Tool],
+        task: &CompiledTaskPolicy,
+        session: Option<&CompiledSessionFilter>,
+    ) -> ServerTools {
+        let mut evaluated = ServerTools {
+            server_id: server.spec.server_id.clone(),
+            tools: Vec::new(),
+            by_injected: HashMap::new(),
+            functions: Vec::new(),
+        };
+        // Patterns are validated when the record is stored; one that does
+        // not compile offers nothing rather than everything.
+        let Ok(filter) = ServerToolFilter::new(&server.spec) else {
+            return evaluated;
+        };
+        let by_name: HashMap<&str, &Tool> = tools.iter().map(|t| (t.name.as_ref(), t)).collect();
+        let decisions = evaluate_tools(
+            &server.spec,
+            &filter,
+            task,
+            session,
+            tools.iter().map(|t| t.name.as_ref()),
+        );
+        for decision in decisions {
+            let Decision::Allowed {
+                injected_name,
+                exposed_name,
+            } = decision.decision
+            else {
+                continue;
+            };
+            let Some(tool) = by_name.get(decision.tool_name.as_str()) else {
+                continue;
+            };
+            let tool = CatalogTool {
+                injected_name,
+                server: server.clone(),
+                tool: (*tool).clone(),
+                exposed_name,
+            };
+            let Ok(function) = serde_json::value::to_raw_value(&tool.function()) else {
+                continue;
+            };
+            evaluated
+                .by_injected
+                .insert(tool.injected_name.clone(), evaluated.tools.len());
+            evaluated.functions.push(function);
+            evaluated.tools.push(tool);
+        }
+        evaluated
+    }
+}
+
+/// What an evaluation depends on. Records, tool lists and task policies are
+/// immutable and shared by `Arc`, so their addresses identify them; the
+/// entry holds the `Arc`s, so an address cannot be reused while it lives.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    server: usize,
+    tools: usize,
+    task: usize,
+    session: u64,
+}
+
+#[derive(Debug)]
+struct CacheEntry {
+    _pinned: (Arc<StoredServer>, Arc<Vec<Tool>>, Arc<CompiledTaskPolicy>),
+    session: Option<(Vec<String>, Vec<String>)>,
+    tools: Arc<ServerTools>,
+}
+
+/// Evaluated servers, shared by every request of a worker.
+#[derive(Debug, Default)]
+pub struct CatalogCache {
+    entries: Mutex<HashMap<CacheKey, CacheEntry>>,
+}
+
+impl CatalogCache {
+    fn get_or_evaluate(
+        &self,
+        server: &Arc<StoredServer>,
+        tools: &Arc<Vec<Tool>>,
+        task: &Arc<CompiledTaskPolicy>,
+        session: Option<&CompiledSessionFilter>,
+    ) -> Arc<ServerTools> {
+        let patterns = session.map(|s| {
+            let (allow, deny) = s.tool_patterns();
+            (allow.to_vec(), deny.to_vec())
+        });
+        let key = CacheKey {
+            server: Arc::as_ptr(server) as usize,
+            tools: Arc::as_ptr(tools) as usize,
+            task: Arc::as_ptr(task) as usize,
+            session: {
+                let mut hasher = DefaultHasher::new();
+                patterns.hash(&mut hasher);
+                hasher.finish()
+            },
+        };
+        if let Some(entry) = self.lock().get(&key)
+            && entry.session == patterns
+        {
+            return entry.tools.clone();
+        }
+        let evaluated = Arc::new(ServerTools::evaluate(server, tools, task, session));
+        let mut entries = self.lock();
+        if entries.len() >= CACHE_LIMIT {
+            entries.clear();
+        }
+        entries.insert(
+            key,
+            CacheEntry {
+                _pinned: (server.clone(), tools.clone(), task.clone()),
+                session: patterns,
+                tools: evaluated.clone(),
+            },
+        );
+        evaluated
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, CacheEntry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The tools of one request.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
-    tools: Vec<CatalogTool>,
-    by_injected: HashMap<String, usize>,
+    servers: Vec<Arc<ServerTools>>,
     /// Selected servers whose tools could not be listed.
     pub unavailable: Vec<Unavailable>,
-    /// Tools a selected server lists that the policy rejects, with the reason.
-    pub rejected: Vec<(String, String, RejectReason)>,
 }
 
 impl Catalog {
@@ -131,7 +247,8 @@ impl Catalog {
     pub async fn build(
         snapshot: &Snapshot,
         pool: &McpPool,
-        task: &CompiledTaskPolicy,
+        cache: &CatalogCache,
+        task: &Arc<CompiledTaskPolicy>,
         session: Option<&CompiledSessionFilter>,
         only: Option<&BTreeSet<String>>,
     ) -> Catalog {
@@ -140,61 +257,19 @@ impl Catalog {
             .values()
             .filter(|server| only.is_none_or(|ids| ids.contains(&server.spec.server_id)))
             .filter(|server| server_selected(&server.spec, task, session).is_ok())
-            .cloned()
             .collect();
         let listings =
             futures::future::join_all(selected.iter().map(|server| pool.list_tools(server))).await;
         let mut catalog = Catalog::default();
         for (server, listing) in selected.into_iter().zip(listings) {
-            let tools = match listing {
-                Ok(tools) => tools,
-                Err(error) => {
-                    catalog.unavailable.push(Unavailable {
-                        server_id: server.spec.server_id.clone(),
-                        error,
-                    });
-                    continue;
-                }
-            };
-            let Ok(filter) = server_filter(&server.spec) else {
-                continue;
-            };
-            let by_name: HashMap<&str, &Tool> =
-                tools.iter().map(|t| (t.name.as_ref(), t)).collect();
-            let decisions = evaluate_tools(
-                &server.spec,
-                &filter,
-                task,
-                session,
-                tools.iter().map(|t| t.name.as_ref()),
-            );
-            for decision in decisions {
-                match decision.decision {
-                    Decision::Allowed {
-                        injected_name,
-                        exposed_name,
-                    } => {
-                        let Some(tool) = by_name.get(decision.tool_name.as_str()) else {
-                            continue;
-                        };
-                        catalog
-                            .by_injected
-                            .insert(injected_name.clone(), catalog.tools.len());
-                        catalog.tools.push(CatalogTool {
-                            injected_name,
-                            server: server.clone(),
-                            tool: (*tool).clone(),
-                            exposed_name,
-                        });
-                    }
-                    Decision::Rejected(reason) => {
-                        catalog.rejected.push((
-                            server.spec.server_id.clone(),
-                            decision.tool_name,
-                            reason,
-                        ));
-                    }
-                }
+            match listing {
+                Ok(tools) => catalog
+                    .servers
+                    .push(cache.get_or_evaluate(server, &tools, task, session)),
+                Err(error) => catalog.unavailable.push(Unavailable {
+                    server_id: server.spec.server_id.clone(),
+                    error,
+                }),
             }
         }
         catalog
@@ -210,47 +285,138 @@ impl Catalog {
     }
 
     /// Every injected tool, by server then listing order.
-    pub fn tools(&self) -> &[CatalogTool] {
-        &self.tools
+    pub fn tools(&self) -> impl Iterator<Item = &CatalogTool> {
+        self.servers.iter().flat_map(|server| server.tools.iter())
+    }
+
+    /// How many tools are injected.
+    pub fn len(&self) -> usize {
+        self.servers.iter().map(|server| server.tools.len()).sum()
+    }
+
+    /// Whether no tool is injected.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The function definitions of [`tools`](Self::tools), as JSON, in the
+    /// same order.
+    pub fn functions(&self) -> impl Iterator<Item = &RawValue> {
+        self.servers
+            .iter()
+            .flat_map(|server| server.functions.iter().map(AsRef::as_ref))
     }
 
     /// The tool a model-supplied name refers to: an injected name, or the
     /// compatibility form `mcp.<server_id>.<tool_name>` of an injected tool.
     pub fn resolve(&self, name: &str) -> Option<&CatalogTool> {
-        if let Some(&index) = self.by_injected.get(name) {
-            return self.tools.get(index);
+        let server = |id: &str| self.servers.iter().find(|s| s.server_id == id);
+        for reference in parse_injected_name(name) {
+            if let Some(server) = server(&reference.server_id)
+                && let Some(&index) = server.by_injected.get(name)
+            {
+                return server.tools.get(index);
+            }
         }
         let reference = parse_compat_name(name)?;
-        self.tools.iter().find(|tool| {
-            tool.server_id() == reference.server_id && tool.exposed_name == reference.tool_name
-        })
+        server(&reference.server_id)?
+            .tools
+            .iter()
+            .find(|tool| tool.exposed_name == reference.tool_name)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use quiver_model::Transport;
+    use quiver_model::policy::{SessionFilter, TaskPolicy};
+    use quiver_model::{McpServerSpec, Source, Transport};
 
     use super::*;
 
+    fn server(allowed: &[&str], revision: u64) -> Arc<StoredServer> {
+        let mut spec = McpServerSpec::new("cache-test", Transport::Stdio);
+        spec.allowed_tools = allowed.iter().map(|s| (*s).to_owned()).collect();
+        Arc::new(StoredServer {
+            spec,
+            revision,
+            created_at: Default::default(),
+            updated_at: Default::default(),
+            updated_by: "test".into(),
+            source: Source::Api,
+        })
+    }
+
+    fn tools(names: &[&str]) -> Arc<Vec<Tool>> {
+        Arc::new(
+            names
+                .iter()
+                .map(|name| {
+                    Tool::new(
+                        name.to_string(),
+                        "a tool",
+                        Arc::new(serde_json::Map::from_iter([(
+                            "type".to_owned(),
+                            Value::String("object".into()),
+                        )])),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn names(evaluated: &ServerTools) -> Vec<&str> {
+        evaluated.tools.iter().map(|t| t.tool_name()).collect()
+    }
+
     #[test]
-    fn compiled_filters_are_reused_only_for_the_same_lists() {
-        let mut spec = McpServerSpec::new("filter-cache-test", Transport::Stdio);
-        spec.allowed_tools = vec!["read_*".into()];
-        let first = server_filter(&spec).unwrap();
-        assert!(Arc::ptr_eq(&first, &server_filter(&spec).unwrap()));
-        assert!(first.check("read_file").is_ok());
-        assert!(first.check("write_file").is_err());
+    fn evaluations_are_reused_only_for_the_same_inputs() {
+        let cache = CatalogCache::default();
+        let task = Arc::new(CompiledTaskPolicy::unrestricted());
+        let record = server(&["read_*"], 1);
+        let listed = tools(&["read_file", "write_file"]);
+        let first = cache.get_or_evaluate(&record, &listed, &task, None);
+        assert_eq!(names(&first), ["read_file"]);
+        assert!(Arc::ptr_eq(
+            &first,
+            &cache.get_or_evaluate(&record, &listed, &task, None)
+        ));
+        // The function JSON is the one sent to models.
+        let function: Value = serde_json::from_str(first.functions[0].get()).unwrap();
+        assert_eq!(function["function"]["name"], first.tools[0].injected_name);
+        assert_eq!(function["function"]["parameters"]["type"], "object");
 
-        spec.allowed_tools = vec!["write_*".into()];
-        let second = server_filter(&spec).unwrap();
-        assert!(!Arc::ptr_eq(&first, &second));
-        assert!(second.check("read_file").is_err());
-        assert!(second.check("write_file").is_ok());
-
-        spec.denied_tools = vec!["write_secret".into()];
-        let third = server_filter(&spec).unwrap();
-        assert!(third.check("write_secret").is_err());
-        assert!(third.check("write_file").is_ok());
+        // A new record (new revision), a new tool list, another task or
+        // other session patterns are evaluated afresh.
+        let changed = server(&["write_*"], 2);
+        assert_eq!(
+            names(&cache.get_or_evaluate(&changed, &listed, &task, None)),
+            ["write_file"]
+        );
+        let relisted = tools(&["read_file", "read_dir"]);
+        assert_eq!(
+            names(&cache.get_or_evaluate(&record, &relisted, &task, None)),
+            ["read_file", "read_dir"]
+        );
+        let narrow = Arc::new(
+            TaskPolicy {
+                tool_denylist: vec!["*.read_file".into()],
+                ..TaskPolicy::default()
+            }
+            .compile()
+            .unwrap(),
+        );
+        assert!(names(&cache.get_or_evaluate(&record, &listed, &narrow, None)).is_empty());
+        let session = SessionFilter {
+            tool_denylist: vec!["cache-test.read_*".into()],
+            ..SessionFilter::default()
+        }
+        .compile()
+        .unwrap();
+        assert!(names(&cache.get_or_evaluate(&record, &listed, &task, Some(&session))).is_empty());
+        let other = SessionFilter::default().compile().unwrap();
+        assert_eq!(
+            names(&cache.get_or_evaluate(&record, &listed, &task, Some(&other))),
+            ["read_file"]
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! the caller wrote it (re-encoded only when `mcp` had to be removed or the
 //! task routes the model elsewhere) and the answer comes back unchanged.
 
+mod body;
 mod request;
 mod stream;
 mod tool_loop;
@@ -99,24 +100,31 @@ async fn serve(state: &ApiState, task: &Task, context: &CallContext, raw: Bytes)
     };
 
     let snapshot = state.snapshot.current();
-    let catalog = Catalog::build(
-        &snapshot,
-        state.runner.pool(),
-        &task.policy,
-        Some(&mcp.session),
-        None,
-    )
-    .await;
+    let catalog = state
+        .runner
+        .catalog(&snapshot, task, Some(&mcp.session), None)
+        .await;
     if let Err(err) = request.check_forced_function(|name| catalog.resolve(name).is_some()) {
         return request_error(&err);
     }
-    let mut body = request.body.clone();
-    if let Err(err) = inject_tools(&mut body, &catalog, &request) {
-        return request_error(&err);
+    if let Some(clash) = catalog
+        .tools()
+        .find(|tool| request.caller_tools.contains(&tool.injected_name))
+    {
+        return request_error(&RequestError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            field: "tools".into(),
+            message: format!(
+                "tools: {:?} is the name of an injected MCP tool; rename the caller's tool",
+                clash.injected_name
+            ),
+        });
     }
+    let mut body = request.body.clone();
     tracing::debug!(
         request_id = %context.request_id,
-        injected = catalog.tools().len(),
+        injected = catalog.len(),
         "mcp tools injected"
     );
     let tool_loop = OwnedLoop {
@@ -142,50 +150,6 @@ async fn serve(state: &ApiState, task: &Task, context: &CallContext, raw: Bytes)
     } else {
         tool_loop.complete(upstream, body).await
     }
-}
-
-/// Adds the injected tools after the caller's own.
-fn inject_tools(
-    body: &mut Map<String, Value>,
-    catalog: &Catalog,
-    request: &ChatRequest,
-) -> Result<(), RequestError> {
-    if catalog.tools().is_empty() {
-        return Ok(());
-    }
-    let tools = body
-        .entry("tools")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if tools.is_null() {
-        *tools = Value::Array(Vec::new());
-    }
-    let Value::Array(tools) = tools else {
-        return Ok(());
-    };
-    for tool in catalog.tools() {
-        if request.caller_tools.contains(&tool.injected_name) {
-            return Err(RequestError {
-                status: StatusCode::BAD_REQUEST,
-                code: "invalid_request",
-                field: "tools".into(),
-                message: format!(
-                    "tools: {:?} is the name of an injected MCP tool; rename the caller's tool",
-                    tool.injected_name
-                ),
-            });
-        }
-        let mut function = Map::new();
-        function.insert("name".into(), Value::String(tool.injected_name.clone()));
-        if let Some(description) = &tool.tool.description {
-            function.insert("description".into(), Value::String(description.to_string()));
-        }
-        function.insert(
-            "parameters".into(),
-            Value::Object((*tool.tool.input_schema).clone()),
-        );
-        tools.push(json!({"type": "function", "function": function}));
-    }
-    Ok(())
 }
 
 /// The state of one MCP-enabled request, owned so a streaming request can

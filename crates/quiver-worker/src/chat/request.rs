@@ -339,7 +339,10 @@ mod tests {
         let cases = [
             (json!([1]), "body"),
             (json!({"mcp": 3}), "mcp"),
-            (json!({"mcp": {"enabled": true, "server_id": ["a"]}}), "mcp.server_id"),
+            (
+                json!({"mcp": {"enabled": true, "server_id": ["a"]}}),
+                "mcp.server_id",
+            ),
             (json!({"mcp": {"enabled": "yes"}}), "mcp.enabled"),
             (
                 json!({"mcp": {"enabled": true, "server_ids": ["ok", "bad id"]}, "messages": []}),

@@ -101,10 +101,7 @@ impl StreamingTurns {
                 Value::String("chat.completion.chunk".into()),
             );
             usage.insert("choices".into(), json!([]));
-            usage.insert(
-                "usage".into(),
-                report.usage.clone().unwrap_or(Value::Null),
-            );
+            usage.insert("usage".into(), report.usage.clone().unwrap_or(Value::Null));
             let _ = self.out.send(Outgoing::Chunk(Value::Object(usage))).await;
         }
         let _ = self.out.send(Outgoing::Done).await;

@@ -38,6 +38,7 @@ use serde_json::{Map, Value, json};
 use crate::auth::Task;
 use crate::call::{CallContext, CallError, ToolRunner};
 use crate::catalog::Catalog;
+use crate::chat::body;
 use crate::chat::tool_message::ToolMessage;
 use crate::chat::turn::{ModelToolCall, Turn};
 
@@ -154,7 +155,7 @@ impl ToolLoop<'_> {
         let mut output_bytes = 0u64;
         let mut exhausted: Option<StopReason> = None;
         loop {
-            let encoded = serde_json::to_vec(body)
+            let encoded = body::encode(body, self.catalog)
                 .map_err(|err| UpstreamError::InvalidResponse(err.to_string()))?;
             let mut turn = source.next_turn(Bytes::from(encoded)).await?;
             report.iterations += 1;
