@@ -251,10 +251,17 @@ async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
     )
     .await;
     let started = Instant::now();
-    let (status, answer) = stack
-        .chat(json!({"model": "m", "messages": [user("sleep twice")], "mcp": mcp_on()}))
-        .await;
+    let response = stack
+        .post(&json!({"model": "m", "messages": [user("sleep twice")], "mcp": mcp_on()}))
+        .header("x-request-id", "req-e2e-audit")
+        .header("x-quiver-session", "session-7")
+        .send()
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
+    let status = response.status();
+    assert_eq!(response.headers()["x-request-id"], "req-e2e-audit");
+    let answer: Value = response.json().await.unwrap();
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(content(&answer), "both done");
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
@@ -295,6 +302,38 @@ async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
     assert_eq!(answer["usage"]["prompt_tokens"], prompt);
     assert_eq!(answer["usage"]["completion_tokens"], completion);
     assert_eq!(answer["usage"]["total_tokens"], prompt + completion);
+
+    // One audit line per MCP call and one per chat request, with the ids.
+    let audit: Vec<Value> = stack
+        .worker
+        .logged_lines("req-e2e-audit")
+        .iter()
+        .map(|line| serde_json::from_str(line).expect("JSON log line"))
+        .collect();
+    let calls: Vec<&Value> = audit
+        .iter()
+        .filter(|line| line["fields"]["message"] == "mcp tool call")
+        .collect();
+    assert_eq!(calls.len(), 2, "{audit:#?}");
+    for line in calls {
+        let fields = &line["fields"];
+        assert_eq!(line["target"], "quiver::audit");
+        assert_eq!(fields["session_id"], "session-7");
+        assert_eq!(
+            (&fields["server_id"], &fields["tool"]),
+            (&json!(TK), &json!("sleep"))
+        );
+        assert_eq!(fields["status"], "ok");
+        assert_eq!(fields["task"], "default");
+        assert_eq!(fields["arguments"], "[\"ms\"]", "argument keys only");
+    }
+    assert!(
+        audit
+            .iter()
+            .any(|line| line["fields"]["message"] == "chat request"
+                && line["fields"]["status"] == 200),
+        "{audit:#?}"
+    );
 }
 
 /// A model that calls `echo` `per_turn` times in every turn, whatever it is told.

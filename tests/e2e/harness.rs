@@ -218,11 +218,19 @@ impl Supervised {
     }
 
     fn logged(&self, needle: &str) -> bool {
+        !self.logged_lines(needle).is_empty()
+    }
+
+    fn logged_lines(&self, needle: &str) -> Vec<String> {
         let lines = self
             .log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        lines.iter().any(|line| line.contains(needle))
+        lines
+            .iter()
+            .filter(|line| line.contains(needle))
+            .cloned()
+            .collect()
     }
 
     fn signal(&self, signal: Signal) {
@@ -524,6 +532,11 @@ impl WorkerProcess {
     /// Whether a log line containing `needle` was seen (among the kept lines).
     pub fn logged(&self, needle: &str) -> bool {
         self.process.logged(needle)
+    }
+
+    /// The kept log lines containing `needle`.
+    pub fn logged_lines(&self, needle: &str) -> Vec<String> {
+        self.process.logged_lines(needle)
     }
 
     /// Whether the process is still running.
