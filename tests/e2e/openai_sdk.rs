@@ -13,8 +13,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use quiver_testkit::upstream::{
     COMPLETION_TOKENS_PER_ITEM, PROMPT_TOKENS_PER_MESSAGE, RecordedRequest, Reply, Script,
     ScriptedUpstream,
@@ -22,9 +20,8 @@ use quiver_testkit::upstream::{
 use serde_json::{Value, json};
 
 use crate::harness::{Admin, RegistryProcess, WorkerProcess, testkit_mcp_bin};
+use crate::worker::{ADMIN, WORKER, injected};
 
-const ADMIN: &str = "e2e-admin-token";
-const WORKER: &str = "e2e-worker-token";
 const CALLER: &str = "e2e-sdk-caller-token";
 const SERVER: &str = "sdk-echo";
 const MODEL: &str = "scripted-model";
@@ -34,16 +31,6 @@ const STREAMED_TEXT: &str =
     "Streaming now: the echo tool answered \"hello from the sdk\", piece by piece.";
 /// How long the SDK script may run (both requests).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The injected name, computed independently of the product's code:
-/// `mcp__<b64url(server_id)>__<b64url(tool)>` without padding.
-fn injected(server_id: &str, tool: &str) -> String {
-    format!(
-        "mcp__{}__{}",
-        URL_SAFE_NO_PAD.encode(server_id),
-        URL_SAFE_NO_PAD.encode(tool)
-    )
-}
 
 /// The interpreter of the SDK venv; fails the test when it is not set up.
 fn sdk_python() -> String {
