@@ -1,24 +1,37 @@
 //! Worker benchmark (issue #3): what the worker's pooled MCP connections and
 //! its tool API cost, each against a baseline measured in the same run.
 //!
-//! Everything is real: the `quiver-testkit-mcp` binary as the stdio MCP
-//! server, the testkit's `TestServer` over streamable HTTP, an in-process
-//! registry (`Registry::start` over SQLite in a temp file) holding one record
-//! per transport (`allowed_tools = ["*"]`, `max_concurrency` = the number of
-//! concurrent callers), and an in-process worker (`Worker::start` +
+//! Everything is real: an MCP server over stdio and over streamable HTTP, an
+//! in-process registry (`Registry::start` over SQLite in a temp file) holding
+//! one record per transport (`allowed_tools = ["*"]`, `max_concurrency` = the
+//! number of concurrent callers), and an in-process worker (`Worker::start` +
 //! `Worker::run`) synced to it and called over loopback HTTP with a caller
-//! token. Every call is the testkit's `echo` tool with a short text. The
-//! callers, the worker (with the registry) and the HTTP MCP server run on
-//! three separate tokio runtimes with named threads, as if they were three
-//! processes, so the CPU each one uses per call can be reported.
+//! token. Every call is the server's `echo` tool with a short text, and every
+//! answer is checked. The callers, the worker (with the registry) and the
+//! HTTP MCP server run as if they were three processes: two tokio runtimes
+//! with named threads here, and the server on a third runtime or in a child
+//! process, so the CPU each one uses per call can be reported.
+//!
+//! `QUIVER_BENCH_SERVER` chooses the MCP server; the phases are the same:
+//!
+//! - `testkit` (default): the native `quiver-testkit-mcp` binary over stdio
+//!   (`echo {text}`), and the testkit's `TestServer` over streamable HTTP.
+//! - `everything`: the reference server `@modelcontextprotocol/server-everything`
+//!   (version [`EVERYTHING_VERSION`], `echo {message}`, answers `Echo: …`),
+//!   run as `node <dist/index.js> stdio` and `node <dist/index.js>
+//!   streamableHttp` (one process on a free port, given in `PORT`). The
+//!   package is installed with npm into `target/bench-npm` on the first run
+//!   (`QUIVER_BENCH_NPM_PREFIX` overrides the directory, `QUIVER_BENCH_NODE`
+//!   the `node` binary, which is otherwise found in `PATH`).
 //!
 //! 1. **Pooled call vs spawn-per-call** (stdio). Baseline: for every call,
-//!    spawn the server with rmcp's `TokioChildProcess`, `initialize`, call
-//!    `echo`, close (stdin closed, child reaped): what a system without a
-//!    pool does. Quiver: the same call through the worker's `McpPool` on its
-//!    warm connection to the same binary. For reference: the same through the
-//!    worker's HTTP tool API, and a direct rmcp client on its own warm child.
-//!    Goal: pooled ≥ 100× faster.
+//!    spawn the server with rmcp's `TokioChildProcess` from the stdio record
+//!    (the same program, arguments and environment as the worker's pool
+//!    uses), `initialize`, call `echo`, close (stdin closed, child reaped):
+//!    what a system without a pool does. Quiver: the same call through the
+//!    worker's `McpPool` on its warm connection to the same server. For
+//!    reference: the same through the worker's HTTP tool API, and a direct
+//!    rmcp client on its own warm child. Goal: pooled ≥ 100× faster.
 //! 2. **Worker tool API vs a direct rmcp client** (streamable HTTP, one warm
 //!    server). Baseline: an rmcp client (`StreamableHttpClientTransport`,
 //!    `max_concurrent_requests` = the number of concurrent callers) calling
@@ -36,18 +49,22 @@
 //! The routes of one comparison run in alternating rounds, so a change in the
 //! machine's load hits all of them alike.
 //!
-//! The HTTP MCP server runs in this process with `TCP_NODELAY` on its
-//! sockets, like `quiver_testkit::mcp_server::serve_streamable_http`.
+//! With `testkit`, the HTTP MCP server runs in this process with
+//! `TCP_NODELAY` on its sockets, like
+//! `quiver_testkit::mcp_server::serve_streamable_http`.
 //! `QUIVER_BENCH_HTTP_SERVER=binary` uses `quiver-testkit-mcp --transport
-//! streamable-http` instead (its CPU is then not counted), and
-//! `=in-process-nagle` leaves Nagle's algorithm on, which makes every call
-//! about 40 ms late for the direct client and the worker alike (rmcp writes
-//! the SSE answer in parts, and the part with the result waits for the
-//! client's delayed ACK).
+//! streamable-http` instead, and `=in-process-nagle` leaves Nagle's algorithm
+//! on, which makes every call about 40 ms late for the direct client and the
+//! worker alike (rmcp writes the SSE answer in parts, and the part with the
+//! result waits for the client's delayed ACK). The CPU of a server in a
+//! child process (the binary, or node) is read from
+//! `/proc/<pid>/task/*/schedstat`.
 //!
-//! Build the server binary first, in the profile `cargo bench` uses:
-//! `cargo build --release -p quiver-testkit && cargo bench -p quiver-worker
-//! --bench tools` (`QUIVER_BENCH_MCP_BIN` overrides the binary's path).
+//! With `testkit`, build the server binary first, in the profile `cargo
+//! bench` uses: `cargo build --release -p quiver-testkit && cargo bench -p
+//! quiver-worker --bench tools` (`QUIVER_BENCH_MCP_BIN` overrides the
+//! binary's path). With `everything`: `QUIVER_BENCH_SERVER=everything cargo
+//! bench -p quiver-worker --bench tools` (needs `node` and `npm`).
 //! Sizes come from environment variables (defaults in brackets):
 //! `QUIVER_BENCH_SPAWNS` [200] spawn-per-call samples, `QUIVER_BENCH_CALLS`
 //! [4000] sequential calls per route, `QUIVER_BENCH_CONCURRENCY` [64]
@@ -65,7 +82,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::serve::ListenerExt;
-use quiver_mcp::{McpPool, PoolOptions};
+use quiver_mcp::launch::{Launch, StdioLaunch, process_env};
+use quiver_mcp::{CallToolResult, McpPool, PoolOptions};
 use quiver_model::policy::CompiledTaskPolicy;
 use quiver_model::{HttpConfig, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
 use quiver_registry::auth::AuthConfig;
@@ -111,19 +129,31 @@ struct Config {
     concurrent_calls: usize,
     rounds: usize,
     warmup: usize,
+    server: ServerChoice,
     http_server: ServerKind,
+}
+
+/// The MCP server under test (`QUIVER_BENCH_SERVER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerChoice {
+    /// `quiver-testkit-mcp` and the testkit's `TestServer`.
+    Testkit,
+    /// `@modelcontextprotocol/server-everything` on node.
+    Everything,
 }
 
 /// Where the streamable-HTTP server of the API comparison runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ServerKind {
-    /// In this process, on its own runtime.
+    /// The testkit server in this process, on its own runtime.
     InProcess {
         /// `TCP_NODELAY` on the server's sockets.
         nodelay: bool,
     },
     /// The `quiver-testkit-mcp` binary.
     Binary,
+    /// `node <server-everything> streamableHttp`.
+    Everything,
 }
 
 impl ServerKind {
@@ -132,12 +162,36 @@ impl ServerKind {
             ServerKind::InProcess { nodelay: true } => "in-process, TCP_NODELAY",
             ServerKind::InProcess { nodelay: false } => "in-process, Nagle on",
             ServerKind::Binary => "quiver-testkit-mcp binary",
+            ServerKind::Everything => "node server-everything streamableHttp",
         }
     }
 }
 
 impl Config {
     fn from_env() -> Self {
+        let server = match std::env::var("QUIVER_BENCH_SERVER").as_deref() {
+            Ok("testkit") | Err(_) => ServerChoice::Testkit,
+            Ok("everything") => ServerChoice::Everything,
+            Ok(other) => {
+                panic!("QUIVER_BENCH_SERVER must be testkit or everything, got {other:?}")
+            }
+        };
+        let http_server = match (server, std::env::var("QUIVER_BENCH_HTTP_SERVER").as_deref()) {
+            (ServerChoice::Everything, Err(_)) => ServerKind::Everything,
+            (ServerChoice::Everything, Ok(other)) => panic!(
+                "QUIVER_BENCH_HTTP_SERVER applies to QUIVER_BENCH_SERVER=testkit only, got {other:?}"
+            ),
+            (ServerChoice::Testkit, Ok("in-process") | Err(_)) => {
+                ServerKind::InProcess { nodelay: true }
+            }
+            (ServerChoice::Testkit, Ok("in-process-nagle")) => {
+                ServerKind::InProcess { nodelay: false }
+            }
+            (ServerChoice::Testkit, Ok("binary")) => ServerKind::Binary,
+            (ServerChoice::Testkit, Ok(other)) => panic!(
+                "QUIVER_BENCH_HTTP_SERVER must be in-process, in-process-nagle or binary, got {other:?}"
+            ),
+        };
         Config {
             spawns: env_usize("QUIVER_BENCH_SPAWNS", 200).max(1),
             calls: env_usize("QUIVER_BENCH_CALLS", 4000).max(1),
@@ -145,14 +199,120 @@ impl Config {
             concurrent_calls: env_usize("QUIVER_BENCH_CONCURRENT_CALLS", 12800).max(1),
             rounds: env_usize("QUIVER_BENCH_ROUNDS", 8).max(1),
             warmup: env_usize("QUIVER_BENCH_WARMUP", 200),
-            http_server: match std::env::var("QUIVER_BENCH_HTTP_SERVER").as_deref() {
-                Ok("in-process") | Err(_) => ServerKind::InProcess { nodelay: true },
-                Ok("in-process-nagle") => ServerKind::InProcess { nodelay: false },
-                Ok("binary") => ServerKind::Binary,
-                Ok(other) => panic!(
-                    "QUIVER_BENCH_HTTP_SERVER must be in-process, in-process-nagle or binary, got {other:?}"
-                ),
-            },
+            server,
+            http_server,
+        }
+    }
+}
+
+/// The `echo` call every route makes, and the answer it must get.
+#[derive(Debug, Clone, Copy)]
+struct Echo {
+    /// Argument that carries the text.
+    argument: &'static str,
+    /// The answer is this prefix followed by [`ECHO_TEXT`].
+    reply_prefix: &'static str,
+}
+
+impl Echo {
+    const TOOL: &'static str = "echo";
+
+    fn arguments(self) -> JsonObject {
+        let mut arguments = JsonObject::new();
+        arguments.insert(self.argument.to_owned(), Value::from(ECHO_TEXT));
+        arguments
+    }
+
+    fn request(self) -> CallToolRequestParams {
+        CallToolRequestParams::new(Self::TOOL).with_arguments(self.arguments())
+    }
+
+    /// The JSON body of `POST /v1/mcp/tools/call` for the injected name.
+    fn api_body(self, injected: &str) -> BenchResult<Arc<Vec<u8>>> {
+        Ok(Arc::new(serde_json::to_vec(
+            &json!({"name": injected, "arguments": self.arguments()}),
+        )?))
+    }
+
+    fn check(self, is_error: Option<bool>, text: Option<&str>) -> BenchResult<()> {
+        let echoed = text.and_then(|text| text.strip_prefix(self.reply_prefix));
+        if is_error == Some(true) || echoed != Some(ECHO_TEXT) {
+            return Err(
+                format!("unexpected echo result: is_error={is_error:?}, text={text:?}").into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_result(self, result: &CallToolResult) -> BenchResult<()> {
+        self.check(
+            result.is_error,
+            result
+                .content
+                .first()
+                .and_then(|c| c.as_text())
+                .map(|t| t.text.as_str()),
+        )
+    }
+}
+
+/// The pinned version of `@modelcontextprotocol/server-everything`.
+const EVERYTHING_VERSION: &str = "2026.8.31";
+const EVERYTHING_PACKAGE: &str = "@modelcontextprotocol/server-everything";
+
+/// The MCP server under test: how to start it and how to call it.
+struct Subject {
+    /// For the summary line: name and versions.
+    about: String,
+    echo: Echo,
+    /// Program of the stdio record and of the HTTP server process.
+    program: PathBuf,
+    /// Arguments of the stdio record.
+    stdio_args: Vec<String>,
+    /// Arguments of the streamable-HTTP server process, when it is one.
+    http_args: Vec<String>,
+}
+
+impl Subject {
+    fn new(config: &Config) -> BenchResult<Self> {
+        match config.server {
+            ServerChoice::Testkit => Ok(Subject {
+                about: "quiver-testkit-mcp".into(),
+                echo: Echo {
+                    argument: "text",
+                    reply_prefix: "",
+                },
+                program: server_binary()?,
+                stdio_args: vec!["--transport".into(), "stdio".into()],
+                http_args: vec![
+                    "--transport".into(),
+                    "streamable-http".into(),
+                    "--listen".into(),
+                    "127.0.0.1:0".into(),
+                ],
+            }),
+            ServerChoice::Everything => {
+                let node = node_binary()?;
+                let node_version = std::process::Command::new(&node)
+                    .arg("--version")
+                    .output()?
+                    .stdout;
+                let (entry, sdk) = everything_entry()?;
+                let entry = entry.display().to_string();
+                Ok(Subject {
+                    about: format!(
+                        "{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} (@modelcontextprotocol/sdk {sdk}) on node {}",
+                        String::from_utf8_lossy(&node_version).trim()
+                    ),
+                    echo: Echo {
+                        argument: "message",
+                        reply_prefix: "Echo: ",
+                    },
+                    program: node,
+                    stdio_args: vec![entry.clone(), "stdio".into()],
+                    http_args: vec![entry, "streamableHttp".into()],
+                })
+            }
         }
     }
 }
@@ -179,6 +339,82 @@ fn server_binary() -> BenchResult<PathBuf> {
     Ok(binary)
 }
 
+/// `QUIVER_BENCH_NODE`, else the first `node` in `PATH`, as an absolute path
+/// (the pool starts stdio children with a minimal environment).
+fn node_binary() -> BenchResult<PathBuf> {
+    if let Some(path) = std::env::var_os("QUIVER_BENCH_NODE") {
+        return Ok(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("node"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| "node not found in PATH (or set QUIVER_BENCH_NODE)".into())
+}
+
+/// The version in a `package.json`, if the file is there.
+fn package_version(package_json: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(package_json).ok()?;
+    let manifest: Value = serde_json::from_str(&text).ok()?;
+    manifest["version"].as_str().map(str::to_owned)
+}
+
+/// The entry script of the pinned server-everything and the version of the
+/// MCP SDK it resolved to; installs the package with npm into
+/// `target/bench-npm` (or `QUIVER_BENCH_NPM_PREFIX`) when that version is
+/// not there yet.
+fn everything_entry() -> BenchResult<(PathBuf, String)> {
+    let prefix = match std::env::var_os("QUIVER_BENCH_NPM_PREFIX") {
+        Some(path) => PathBuf::from(path),
+        // target/<profile>/deps/<bench> → target/bench-npm
+        None => std::env::current_exe()?
+            .ancestors()
+            .nth(3)
+            .ok_or("cannot locate the target directory from the benchmark's path")?
+            .join("bench-npm"),
+    };
+    let package = prefix.join("node_modules").join(EVERYTHING_PACKAGE);
+    let installed = || package_version(&package.join("package.json"));
+    if installed().as_deref() != Some(EVERYTHING_VERSION) {
+        eprintln!(
+            "installing {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} into {}",
+            prefix.display()
+        );
+        std::fs::create_dir_all(&prefix)?;
+        let status = std::process::Command::new("npm")
+            .arg("install")
+            .arg("--prefix")
+            .arg(&prefix)
+            .args(["--no-audit", "--no-fund", "--save-exact"])
+            .arg(format!("{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION}"))
+            .stdin(Stdio::null())
+            .stdout(std::io::stderr())
+            .status()?;
+        if !status.success() {
+            return Err(format!("npm install failed: {status}").into());
+        }
+        if installed().as_deref() != Some(EVERYTHING_VERSION) {
+            return Err(format!(
+                "{} does not hold {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} after npm install",
+                prefix.display()
+            )
+            .into());
+        }
+    }
+    let entry = package.join("dist").join("index.js");
+    if !entry.is_file() {
+        return Err(format!("{} not found", entry.display()).into());
+    }
+    // The SDK is nested in the package or hoisted next to it.
+    let sdk = [package.as_path(), &prefix]
+        .iter()
+        .find_map(|base| {
+            package_version(&base.join("node_modules/@modelcontextprotocol/sdk/package.json"))
+        })
+        .unwrap_or_else(|| "unknown".into());
+    Ok((entry, sdk))
+}
+
 // ---------------------------------------------------------------- statistics
 
 /// Thread-name prefixes of the runtimes, and the CPU groups they form.
@@ -187,8 +423,9 @@ const WORKER_THREADS: &str = "quiver-worker";
 const SERVER_THREADS: &str = "mcp-server";
 
 /// CPU time used so far by this process's threads, by group: the benchmark's
-/// callers (`client`), the registry and worker (`worker`), the in-process MCP
-/// server (`server`) and anything else. From `/proc/self/task/*/schedstat`
+/// callers (`client`), the registry and worker (`worker`), the MCP server
+/// (`server`: the in-process server's threads, or every thread of a server
+/// in a child process) and anything else. From `/proc/<pid>/task/*/schedstat`
 /// (nanoseconds on CPU); empty where that is not available.
 #[derive(Debug, Clone, Copy, Default)]
 struct Cpu {
@@ -198,29 +435,37 @@ struct Cpu {
     other: Duration,
 }
 
-impl Cpu {
-    fn now() -> Cpu {
-        let mut cpu = Cpu::default();
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            return cpu;
+/// Each live thread of a process: its name and the CPU time it has used.
+fn threads_cpu(process: &str) -> Vec<(String, Duration)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{process}/task")) else {
+        return Vec::new();
+    };
+    let mut threads = Vec::new();
+    for task in tasks.flatten() {
+        let path = task.path();
+        let (Ok(comm), Ok(schedstat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("schedstat")),
+        ) else {
+            continue;
         };
-        for task in tasks.flatten() {
-            let path = task.path();
-            let (Ok(comm), Ok(schedstat)) = (
-                std::fs::read_to_string(path.join("comm")),
-                std::fs::read_to_string(path.join("schedstat")),
-            ) else {
-                continue;
-            };
-            let Some(ns) = schedstat
-                .split_whitespace()
-                .next()
-                .and_then(|ns| ns.parse().ok())
-            else {
-                continue;
-            };
-            let used = Duration::from_nanos(ns);
-            let comm = comm.trim();
+        let Some(ns) = schedstat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse().ok())
+        else {
+            continue;
+        };
+        threads.push((comm.trim().to_owned(), Duration::from_nanos(ns)));
+    }
+    threads
+}
+
+impl Cpu {
+    /// `server_pid`: the MCP server's process when it is not this one.
+    fn now(server_pid: Option<u32>) -> Cpu {
+        let mut cpu = Cpu::default();
+        for (comm, used) in threads_cpu("self") {
             if comm.starts_with(CLIENT_THREADS) {
                 cpu.client += used;
             } else if comm.starts_with(WORKER_THREADS) {
@@ -229,6 +474,11 @@ impl Cpu {
                 cpu.server += used;
             } else {
                 cpu.other += used;
+            }
+        }
+        if let Some(pid) = server_pid {
+            for (_, used) in threads_cpu(&pid.to_string()) {
+                cpu.server += used;
             }
         }
         cpu
@@ -404,17 +654,43 @@ enum HttpServer {
         shutdown: CancellationToken,
         thread: Option<std::thread::JoinHandle<()>>,
     },
-    /// The `quiver-testkit-mcp` binary (`--transport streamable-http`).
-    Binary {
+    /// A child process: `quiver-testkit-mcp --transport streamable-http`
+    /// or `node <server-everything> streamableHttp` (killed when dropped).
+    Child {
         url: String,
-        _child: tokio::process::Child,
+        child: tokio::process::Child,
     },
 }
 
 impl HttpServer {
     fn url(&self) -> &str {
         match self {
-            HttpServer::InProcess { url, .. } | HttpServer::Binary { url, .. } => url,
+            HttpServer::InProcess { url, .. } | HttpServer::Child { url, .. } => url,
+        }
+    }
+
+    /// The server's process when it is not this one.
+    fn pid(&self) -> Option<u32> {
+        match self {
+            HttpServer::InProcess { .. } => None,
+            HttpServer::Child { child, .. } => child.id(),
+        }
+    }
+
+    async fn start(kind: ServerKind, subject: &Subject) -> BenchResult<Self> {
+        match kind {
+            ServerKind::InProcess { nodelay } => HttpServer::in_process(nodelay),
+            ServerKind::Binary => HttpServer::binary(subject).await,
+            ServerKind::Everything => HttpServer::node(subject).await,
+        }
+    }
+
+    /// Stops the server and, for a child process, kills and reaps it.
+    async fn stop(mut self) {
+        if let HttpServer::Child { child, .. } = &mut self
+            && let Err(err) = child.kill().await
+        {
+            eprintln!("cannot kill the HTTP MCP server: {err}");
         }
     }
 
@@ -481,9 +757,11 @@ impl HttpServer {
         })
     }
 
-    async fn binary(binary: &std::path::Path) -> BenchResult<Self> {
-        let mut child = tokio::process::Command::new(binary)
-            .args(["--transport", "streamable-http", "--listen", "127.0.0.1:0"])
+    /// `quiver-testkit-mcp --transport streamable-http --listen
+    /// 127.0.0.1:0`, which announces its address on its first stdout line.
+    async fn binary(subject: &Subject) -> BenchResult<Self> {
+        let mut child = tokio::process::Command::new(&subject.program)
+            .args(&subject.http_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -499,7 +777,44 @@ impl HttpServer {
             .as_str()
             .ok_or_else(|| format!("unexpected first line from the HTTP server: {line}"))?
             .to_owned();
-        Ok(HttpServer::Binary { url, _child: child })
+        Ok(HttpServer::Child { url, child })
+    }
+
+    /// `node <server-everything> streamableHttp` on a free port (`PORT`);
+    /// ready once the port accepts connections. It logs every request to
+    /// stdout, which goes to /dev/null.
+    async fn node(subject: &Subject) -> BenchResult<Self> {
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
+            .local_addr()?
+            .port();
+        let mut child = tokio::process::Command::new(&subject.program)
+            .args(&subject.http_args)
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Err(format!("the node HTTP server exited: {status}").into());
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the node HTTP server did not accept on port {port}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(HttpServer::Child {
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            child,
+        })
     }
 }
 
@@ -517,11 +832,11 @@ impl Drop for HttpServer {
     }
 }
 
-fn stdio_spec(binary: &std::path::Path, max_concurrency: u32) -> McpServerSpec {
+fn stdio_spec(subject: &Subject, max_concurrency: u32) -> McpServerSpec {
     let mut spec = McpServerSpec::new(STDIO_ID, Transport::Stdio);
     spec.stdio = Some(StdioConfig {
-        command: binary.display().to_string(),
-        args: vec!["--transport".into(), "stdio".into()],
+        command: subject.program.display().to_string(),
+        args: subject.stdio_args.clone(),
         ..Default::default()
     });
     spec.allowed_tools = vec!["*".into()];
@@ -672,34 +987,23 @@ impl Stack {
     }
 }
 
-fn echo_arguments() -> JsonObject {
-    let Value::Object(map) = json!({ "text": ECHO_TEXT }) else {
-        unreachable!("a JSON object literal")
-    };
-    map
-}
-
-fn echo_request() -> CallToolRequestParams {
-    CallToolRequestParams::new("echo").with_arguments(echo_arguments())
-}
-
 // ---------------------------------------------------------------- one call per path
 
 /// One way of calling `echo`; cheap to clone into concurrent callers.
 #[derive(Clone)]
 enum Route {
     /// A direct rmcp client on its own warm connection.
-    Direct(Peer<RoleClient>),
+    Direct(Peer<RoleClient>, Echo),
     /// `McpPool::call_tool` of the worker's pool.
-    Pool(McpPool, Arc<StoredServer>),
+    Pool(McpPool, Arc<StoredServer>, Echo),
     /// `quiver_worker::call::ToolRunner::call`: catalog, policy, argument
     /// schema check and pool, no HTTP.
-    CallTool(SnapshotHandle, ToolRunner, Task, String),
+    CallTool(SnapshotHandle, ToolRunner, Task, String, Echo),
     /// `Catalog::build` for the name's candidate servers and `resolve`: the
     /// per-call policy work alone (tool lists come from the pool's cache).
     Catalog(SnapshotHandle, ToolRunner, Task, String),
     /// `POST /v1/mcp/tools/call` on the worker.
-    WorkerApi(reqwest::Client, reqwest::Url, Arc<Vec<u8>>),
+    WorkerApi(reqwest::Client, reqwest::Url, Arc<Vec<u8>>, Echo),
     /// `GET /healthz` on the worker: an HTTP round trip that does nothing.
     Healthz(reqwest::Client, reqwest::Url),
 }
@@ -707,48 +1011,22 @@ enum Route {
 impl Route {
     async fn call(&self) -> BenchResult<()> {
         match self {
-            Route::Direct(peer) => {
-                let result = peer.call_tool(echo_request()).await?;
-                check_echo(
-                    result.is_error,
-                    result
-                        .content
-                        .first()
-                        .and_then(|c| c.as_text())
-                        .map(|t| t.text.as_str()),
-                )
-            }
-            Route::Pool(pool, server) => {
+            Route::Direct(peer, echo) => echo.check_result(&peer.call_tool(echo.request()).await?),
+            Route::Pool(pool, server, echo) => {
                 let outcome = pool
-                    .call_tool(server, "echo", Some(echo_arguments()))
+                    .call_tool(server, Echo::TOOL, Some(echo.arguments()))
                     .await?;
-                let result = &outcome.result;
-                check_echo(
-                    result.is_error,
-                    result
-                        .content
-                        .first()
-                        .and_then(|c| c.as_text())
-                        .map(|t| t.text.as_str()),
-                )
+                echo.check_result(&outcome.result)
             }
-            Route::CallTool(snapshot, runner, task, name) => {
+            Route::CallTool(snapshot, runner, task, name, echo) => {
                 let request = ToolCall {
                     name: name.clone(),
-                    arguments: Some(Value::Object(echo_arguments())),
+                    arguments: Some(Value::Object(echo.arguments())),
                 };
                 let done = runner
                     .call(&snapshot.current(), task, &CallContext::default(), &request)
                     .await?;
-                let result = &done.outcome.result;
-                check_echo(
-                    result.is_error,
-                    result
-                        .content
-                        .first()
-                        .and_then(|c| c.as_text())
-                        .map(|t| t.text.as_str()),
-                )
+                echo.check_result(&done.outcome.result)
             }
             Route::Catalog(snapshot, runner, task, name) => {
                 let candidates = Catalog::candidate_servers(name);
@@ -760,7 +1038,7 @@ impl Route {
                 }
                 Ok(())
             }
-            Route::WorkerApi(client, url, body) => {
+            Route::WorkerApi(client, url, body, echo) => {
                 let response = client
                     .post(url.clone())
                     .bearer_auth(CALLER_TOKEN)
@@ -779,7 +1057,7 @@ impl Route {
                 }
                 // Parsed as a caller would.
                 let body: Value = serde_json::from_slice(&bytes)?;
-                check_echo(
+                echo.check(
                     body["is_error"].as_bool(),
                     body["content"][0]["text"].as_str(),
                 )
@@ -795,13 +1073,6 @@ impl Route {
             }
         }
     }
-}
-
-fn check_echo(is_error: Option<bool>, text: Option<&str>) -> BenchResult<()> {
-    if is_error == Some(true) || text != Some(ECHO_TEXT) {
-        return Err(format!("unexpected echo result: is_error={is_error:?}, text={text:?}").into());
-    }
-    Ok(())
 }
 
 /// `count` sequential calls; per-call latencies and the wall time.
@@ -837,9 +1108,11 @@ async fn concurrent(
 }
 
 /// Runs every path's phase in `rounds` alternating rounds of `count /
-/// rounds` operations and gathers each path's samples.
+/// rounds` operations and gathers each path's samples (`server_pid`: the MCP
+/// server's process, when it is a child, for the CPU accounting).
 async fn alternate<'a, F, Fut>(
     routes: &'a [(&'static str, Route)],
+    server_pid: Option<u32>,
     rounds: usize,
     count: usize,
     phase: F,
@@ -852,9 +1125,9 @@ where
     let per_round = count.div_ceil(rounds);
     for _ in 0..rounds {
         for ((_, path), gathered) in routes.iter().zip(&mut gathered) {
-            let before = Cpu::now();
+            let before = Cpu::now(server_pid);
             let (latencies, elapsed) = phase(path, per_round).await?;
-            gathered.cpu.add(Cpu::now().since(before));
+            gathered.cpu.add(Cpu::now(server_pid).since(before));
             gathered.add(latencies, elapsed);
         }
     }
@@ -863,61 +1136,64 @@ where
 
 // ---------------------------------------------------------------- 1. spawn per call
 
+/// The command the worker's pool runs for a stdio record: the same program,
+/// arguments, working directory and (minimal) environment.
+fn stdio_command(launch: &StdioLaunch) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(&launch.command);
+    command.args(&launch.args).env_clear().envs(&launch.env);
+    if let Some(cwd) = &launch.cwd {
+        command.current_dir(cwd);
+    }
+    command
+}
+
 /// One call the way a pool-less system makes it: spawn, initialize, call,
 /// close. Returns the time to the result and the time to a reaped child.
-async fn spawn_per_call(binary: &std::path::Path) -> BenchResult<(Duration, Duration)> {
+async fn spawn_per_call(launch: &StdioLaunch, echo: Echo) -> BenchResult<(Duration, Duration)> {
     let t0 = Instant::now();
-    let mut command = tokio::process::Command::new(binary);
-    command.args(["--transport", "stdio"]);
-    let (transport, _stderr) = TokioChildProcess::builder(command)
+    let (transport, _stderr) = TokioChildProcess::builder(stdio_command(launch))
         .stderr(Stdio::null())
         .spawn()?;
     let service: RunningService<RoleClient, ()> = ().serve(transport).await?;
-    let result = service.peer().call_tool(echo_request()).await?;
+    let result = service.peer().call_tool(echo.request()).await?;
     let answered = t0.elapsed();
-    check_echo(
-        result.is_error,
-        result
-            .content
-            .first()
-            .and_then(|c| c.as_text())
-            .map(|t| t.text.as_str()),
-    )?;
+    echo.check_result(&result)?;
     service.cancel().await?;
     Ok((answered, t0.elapsed()))
 }
 
 async fn bench_spawn(
     config: Config,
-    binary: &std::path::Path,
+    echo: Echo,
     stack: &Stack,
     report: &mut Report,
 ) -> BenchResult<()> {
     let server = stack.server(STDIO_ID)?;
+    // Spawned exactly as the pool spawns the record's server.
+    let Launch::Stdio(launch) = quiver_mcp::launch::launch(&server.spec, &process_env())? else {
+        return Err(format!("{STDIO_ID} is not a stdio record").into());
+    };
     let http = reqwest::Client::new();
-    let injected = quiver_model::naming::injected_name(STDIO_ID, "echo")?;
-    let body = Arc::new(serde_json::to_vec(
-        &json!({"name": injected, "arguments": {"text": ECHO_TEXT}}),
-    )?);
-    let pooled = Route::Pool(stack.pool.clone(), server);
+    let injected = quiver_model::naming::injected_name(STDIO_ID, Echo::TOOL)?;
+    let body = echo.api_body(&injected)?;
+    let pooled = Route::Pool(stack.pool.clone(), server, echo);
     // A direct rmcp client on its own warm child: the stdio round trip alone.
-    let mut command = tokio::process::Command::new(binary);
-    command.args(["--transport", "stdio"]);
-    let (transport, _stderr) = TokioChildProcess::builder(command)
+    let (transport, _stderr) = TokioChildProcess::builder(stdio_command(&launch))
         .stderr(Stdio::null())
         .spawn()?;
     let direct_service: RunningService<RoleClient, ()> =
         tokio::time::timeout(WAIT, ().serve(transport)).await??;
-    let direct = Route::Direct(direct_service.peer().clone());
+    let direct = Route::Direct(direct_service.peer().clone(), echo);
     let api = Route::WorkerApi(
         http,
         reqwest::Url::parse(&format!("{}/v1/mcp/tools/call", stack.worker_url))?,
         body,
+        echo,
     );
 
     eprintln!("[1] warm-up");
     for _ in 0..config.warmup.min(10) {
-        spawn_per_call(binary).await?;
+        spawn_per_call(&launch, echo).await?;
     }
     sequential(&pooled, config.warmup).await?;
     sequential(&api, config.warmup).await?;
@@ -936,7 +1212,7 @@ async fn bench_spawn(
     let calls_per_round = config.calls.div_ceil(config.rounds);
     for _ in 0..config.rounds {
         for _ in 0..spawns_per_round {
-            let (a, c) = spawn_per_call(binary).await?;
+            let (a, c) = spawn_per_call(&launch, echo).await?;
             answered.push(a);
             closed.push(c);
         }
@@ -968,12 +1244,13 @@ async fn bench_spawn(
         closed.mean(),
     );
     report.goal("≥ 100×", ratio >= 100.0);
-    report.speedup(
+    let ratio = report.speedup(
         "stdio: pooled call (McpPool) p50",
         pool.p50(),
         "spawn+init+call, to the result, p50",
         answered.p50(),
     );
+    report.goal("≥ 100×", ratio >= 100.0);
     report.speedup(
         "stdio: worker tool API (HTTP) p50",
         worker.p50(),
@@ -1005,12 +1282,13 @@ async fn bench_spawn(
 
 async fn bench_api(
     config: Config,
+    echo: Echo,
     stack: &Stack,
-    server_url: &str,
+    http_server: &HttpServer,
     report: &mut Report,
 ) -> BenchResult<()> {
     let server = stack.server(HTTP_ID)?;
-    let injected = quiver_model::naming::injected_name(HTTP_ID, "echo")?;
+    let injected = quiver_model::naming::injected_name(HTTP_ID, Echo::TOOL)?;
 
     // The worker lists the tool under its injected name.
     let http = reqwest::Client::new();
@@ -1033,27 +1311,27 @@ async fn bench_api(
     }
 
     // Baseline: a direct rmcp client with room for every concurrent caller.
-    let mut transport_config = StreamableHttpClientTransportConfig::with_uri(server_url.to_owned());
+    let mut transport_config =
+        StreamableHttpClientTransportConfig::with_uri(http_server.url().to_owned());
     transport_config.max_concurrent_requests = config.concurrency;
     let transport =
         StreamableHttpClientTransport::with_client(reqwest::Client::new(), transport_config);
     let direct_service: RunningService<RoleClient, ()> =
         tokio::time::timeout(WAIT, ().serve(transport)).await??;
 
-    let body = Arc::new(serde_json::to_vec(
-        &json!({"name": injected, "arguments": {"text": ECHO_TEXT}}),
-    )?);
+    let body = echo.api_body(&injected)?;
     let task = Task {
         name: "default".into(),
         policy: Arc::new(CompiledTaskPolicy::unrestricted()),
     };
-    let direct = Route::Direct(direct_service.peer().clone());
+    let direct = Route::Direct(direct_service.peer().clone(), echo);
     let api = Route::WorkerApi(
         http.clone(),
         reqwest::Url::parse(&format!("{}/v1/mcp/tools/call", stack.worker_url))?,
         body,
+        echo,
     );
-    let pool = Route::Pool(stack.pool.clone(), server);
+    let pool = Route::Pool(stack.pool.clone(), server, echo);
     let catalog = Route::Catalog(
         stack.snapshot.clone(),
         ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
@@ -1065,6 +1343,7 @@ async fn bench_api(
         ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
         task,
         injected,
+        echo,
     );
     let healthz = Route::Healthz(
         http,
@@ -1091,10 +1370,8 @@ async fn bench_api(
         ("call_path", call_path),
         ("healthz", healthz),
     ];
-    let seq = alternate(&routes, config.rounds, config.calls, |path, n| {
-        sequential(path, n)
-    })
-    .await?;
+    let server_pid = http_server.pid();
+    let seq = alternate(&routes, server_pid, config.rounds, config.calls, sequential).await?;
     let [s_direct, s_api, s_pool, s_catalog, s_call, s_healthz] =
         <[Gathered; 6]>::try_from(seq).map_err(|_| "one result per path")?;
 
@@ -1106,6 +1383,7 @@ async fn bench_api(
     let routes = [("direct", direct), ("worker", api)];
     let conc = alternate(
         &routes,
+        server_pid,
         config.rounds,
         config.concurrent_calls,
         |path, n| concurrent(path, callers, n),
@@ -1225,7 +1503,7 @@ async fn bench_api(
 
 fn main() -> BenchResult<()> {
     let config = Config::from_env();
-    let binary = server_binary()?;
+    let subject = Subject::new(&config)?;
     // Callers, worker (with the registry) and the in-process MCP server each
     // get a runtime of their own, as they would be separate processes; their
     // threads are named so the CPU each one uses can be told apart.
@@ -1239,25 +1517,30 @@ fn main() -> BenchResult<()> {
         .build()?;
     let started = Instant::now();
     let mut report = Report::default();
-    let http_server = client_runtime.block_on(async {
-        match config.http_server {
-            ServerKind::InProcess { nodelay } => HttpServer::in_process(nodelay),
-            ServerKind::Binary => HttpServer::binary(&binary).await,
-        }
-    })?;
+    let http_server = client_runtime.block_on(HttpServer::start(config.http_server, &subject))?;
     let max_concurrency = config.concurrency.max(64) as u32;
     let stack = worker_runtime.block_on(Stack::start(vec![
-        stdio_spec(&binary, max_concurrency),
+        stdio_spec(&subject, max_concurrency),
         http_spec(http_server.url(), max_concurrency),
-    ]))?;
-    client_runtime.block_on(async {
-        bench_spawn(config, &binary, &stack, &mut report).await?;
-        bench_api(config, &stack, http_server.url(), &mut report).await
-    })?;
+    ]));
+    let stack = match stack {
+        Ok(stack) => stack,
+        Err(err) => {
+            client_runtime.block_on(http_server.stop());
+            return Err(err);
+        }
+    };
+    let outcome = client_runtime.block_on(async {
+        bench_spawn(config, subject.echo, &stack, &mut report).await?;
+        bench_api(config, subject.echo, &stack, &http_server, &mut report).await
+    });
+    // Stopped on failure too: no server process outlives the benchmark.
     worker_runtime.block_on(stack.stop());
-    drop(http_server);
+    client_runtime.block_on(http_server.stop());
+    outcome?;
     println!(
-        "\nquiver worker benchmark: {} spawn-per-call samples, {} sequential calls per route, {} concurrent callers × {} calls, {} rounds, {} warm-up calls; HTTP server {}; {} cores; {:.1} s",
+        "\nquiver worker benchmark against {}: {} spawn-per-call samples, {} sequential calls per route, {} concurrent callers × {} calls, {} rounds, {} warm-up calls; HTTP server {}; {} cores; {:.1} s",
+        subject.about,
         config.spawns,
         config.calls,
         config.concurrency,
