@@ -28,32 +28,23 @@
 //! `QUIVER_BENCH_WARMUP` [100].
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::PoolOptions;
 use quiver_model::policy::CompiledTaskPolicy;
-use quiver_model::{HttpConfig, McpServerSpec, Source, Transport};
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions};
-use quiver_store::{SqlStore, Store, UpsertRequest};
-use quiver_sync::SyncOptions;
+use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use quiver_testkit::mcp_server::{HttpTestServer, TestServer, spawn_streamable_http};
 use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream, UpstreamOptions};
 use quiver_upstream::UpstreamOptions as WorkerUpstream;
-use quiver_worker::audit::AuditOptions;
-use quiver_worker::auth::{CallerToken, CallersConfig};
 use quiver_worker::catalog::{Catalog, CatalogCache};
-use quiver_worker::{Worker, WorkerOptions};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+#[path = "support/stack.rs"]
+mod stack;
 
-const WORKER_TOKEN: &str = "bench-worker-token";
-const CALLER_TOKEN: &str = "bench-caller-token";
+use stack::{BenchResult, CALLER_TOKEN, Stack};
+
 const ANSWER: &str = "The answer is 42.";
 
 #[derive(Clone, Copy)]
@@ -77,19 +68,15 @@ impl Config {
     }
 }
 
-/// MCP servers, registry, upstream and worker, all in this process; the
-/// registry is served by `registry_task` until `shutdown`.
-struct Stack {
+/// The MCP servers and the upstream, with registry and worker over them.
+struct Setup {
     _servers: Vec<HttpTestServer>,
     upstream: ScriptedUpstream,
-    worker: Worker,
-    shutdown: CancellationToken,
-    registry_task: tokio::task::JoinHandle<()>,
-    _scratch: tempfile::TempDir,
+    stack: Stack,
 }
 
-impl Stack {
-    async fn start(config: Config) -> BenchResult<Stack> {
+impl Setup {
+    async fn start(config: Config) -> BenchResult<Setup> {
         let mut servers = Vec::new();
         let mut specs = Vec::new();
         for i in 0..config.servers {
@@ -106,79 +93,20 @@ impl Stack {
             specs.push(spec);
             servers.push(server);
         }
-        let scratch = tempfile::tempdir()?;
-        let url = format!("sqlite://{}", scratch.path().join("registry.db").display());
-        let store: Arc<dyn Store> = Arc::new(SqlStore::open_sqlite(&url).await?);
-        for spec in specs {
-            store
-                .upsert(UpsertRequest {
-                    spec,
-                    expected_revision: None,
-                    actor: "bench".into(),
-                    source: Source::Api,
-                })
-                .await?;
-        }
-        let shutdown = CancellationToken::new();
-        let registry = Registry::start(
-            store,
-            RegistryOptions {
-                grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                auth: AuthConfig {
-                    admin_token: Some("bench-admin".into()),
-                    worker_token: Some(WORKER_TOKEN.into()),
-                    insecure_no_auth: false,
-                },
-                shutdown_grace: Duration::from_secs(1),
-                ..RegistryOptions::default()
-            },
-            shutdown.clone(),
-        )
-        .await?;
         let upstream = ScriptedUpstream::start_with(
             Script::respond(|_, _| Reply::text(ANSWER)),
             UpstreamOptions::new().with_record_bodies(false),
         )
         .await;
-        let worker = Worker::start(
-            WorkerOptions {
-                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                sync: SyncOptions {
-                    registry_url: format!("http://{}", registry.grpc_addr()),
-                    token: Some(WORKER_TOKEN.into()),
-                    worker_id: "bench".into(),
-                    ..SyncOptions::default()
-                },
-                pool: PoolOptions::default(),
-                callers: CallersConfig {
-                    callers: vec![CallerToken {
-                        token: CALLER_TOKEN.into(),
-                        task: "default".into(),
-                    }],
-                    ..CallersConfig::default()
-                },
-                warm_up: Vec::new(),
-                shutdown_grace: Duration::from_secs(1),
-                metrics: None,
-                upstream: Some(WorkerUpstream::new(upstream.base_url().parse()?)),
-                audit: AuditOptions::default(),
-            },
-            shutdown.clone(),
+        let stack = Stack::start(
+            specs,
+            Some(WorkerUpstream::new(upstream.base_url().parse()?)),
         )
         .await?;
-        let registry_task = tokio::spawn(async move {
-            if let Err(err) = registry.run().await {
-                eprintln!("registry stopped: {err}");
-            }
-        });
-        Ok(Stack {
+        Ok(Setup {
             _servers: servers,
             upstream,
-            worker,
-            shutdown,
-            registry_task,
-            _scratch: scratch,
+            stack,
         })
     }
 }
@@ -236,42 +164,25 @@ fn main() -> BenchResult<()> {
 
 async fn run(config: Config) -> BenchResult<()> {
     let started = Instant::now();
-    let stack = Stack::start(config).await?;
-    let worker_url = format!("http://{}", stack.worker.http_addr());
-    let snapshot = stack.worker.snapshot();
-    let pool = stack.worker.pool();
-    let shutdown = stack.shutdown.clone();
-    let worker = stack.worker;
-    let serving = tokio::spawn(async move {
-        if let Err(err) = worker.run().await {
-            eprintln!("worker stopped: {err}");
-        }
-    });
-
-    // Synced and warm: every server's tools listed and cached.
+    let setup = Setup::start(config).await?;
+    let stack = &setup.stack;
+    let worker_url = stack.worker_url.clone();
+    let snapshot = stack.snapshot.clone();
+    let pool = stack.pool.clone();
     let expected_tools = config.servers * config.tools;
     let policy = Arc::new(CompiledTaskPolicy::unrestricted());
     let cache = CatalogCache::default();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let catalog = Catalog::build(&snapshot.current(), &pool, &cache, &policy, None, None).await;
-        if catalog.len() == expected_tools {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "worker offers {} tools, expected {expected_tools}",
-                catalog.len()
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let offered = Catalog::build(&snapshot.current(), &pool, &cache, &policy, None, None)
+        .await
+        .len();
+    if offered != expected_tools {
+        return Err(format!("worker offers {offered} tools, expected {expected_tools}").into());
     }
 
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let direct = Route {
         client: client.clone(),
-        url: format!("{}/chat/completions", stack.upstream.base_url()),
+        url: format!("{}/chat/completions", setup.upstream.base_url()),
         bearer: None,
         body: caller_body(false),
     };
@@ -391,9 +302,12 @@ async fn run(config: Config) -> BenchResult<()> {
         started.elapsed().as_secs_f64()
     );
 
-    shutdown.cancel();
-    let _ = serving.await;
-    let _ = stack.registry_task.await;
-    stack.upstream.shutdown().await;
+    let Setup {
+        _servers,
+        upstream,
+        stack,
+    } = setup;
+    stack.stop().await;
+    upstream.shutdown().await;
     Ok(())
 }

@@ -75,7 +75,6 @@
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -83,19 +82,15 @@ use std::time::{Duration, Instant};
 
 use axum::serve::ListenerExt;
 use quiver_mcp::launch::{Launch, StdioLaunch, process_env};
-use quiver_mcp::{CallToolResult, McpPool, PoolOptions};
+use quiver_mcp::{CallToolResult, McpPool};
 use quiver_model::policy::CompiledTaskPolicy;
-use quiver_model::{HttpConfig, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions};
-use quiver_store::{SqlStore, Store, UpsertRequest};
-use quiver_sync::{SnapshotHandle, SyncOptions};
+use quiver_model::{HttpConfig, McpServerSpec, StdioConfig, StoredServer, Transport};
+use quiver_sync::SnapshotHandle;
 use quiver_testkit::mcp_server::{Profile, TestServer};
 use quiver_worker::audit::AuditOptions;
-use quiver_worker::auth::{CallerToken, CallersConfig, Task};
+use quiver_worker::auth::Task;
 use quiver_worker::call::{CallContext, ToolCall, ToolRunner};
 use quiver_worker::catalog::Catalog;
-use quiver_worker::{Worker, WorkerOptions};
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::{Peer, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -108,11 +103,11 @@ use tokio::io::AsyncBufReadExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+#[path = "support/stack.rs"]
+mod stack;
 
-const WORKER_TOKEN: &str = "bench-worker-token";
-const ADMIN_TOKEN: &str = "bench-admin-token";
-const CALLER_TOKEN: &str = "bench-caller-token";
+use stack::{BenchResult, CALLER_TOKEN, Stack};
+
 const STDIO_ID: &str = "bench-stdio";
 const HTTP_ID: &str = "bench-http";
 const ECHO_TEXT: &str = "hello from the quiver benchmark";
@@ -856,137 +851,6 @@ fn http_spec(url: &str, max_concurrency: u32) -> McpServerSpec {
     spec
 }
 
-/// Registry and worker served in this process, stopped by one token.
-struct Stack {
-    shutdown: CancellationToken,
-    worker_url: String,
-    snapshot: SnapshotHandle,
-    pool: McpPool,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    _scratch: tempfile::TempDir,
-}
-
-impl Stack {
-    async fn start(specs: Vec<McpServerSpec>) -> BenchResult<Self> {
-        let scratch = tempfile::tempdir()?;
-        let url = format!("sqlite://{}", scratch.path().join("registry.db").display());
-        let store: Arc<dyn Store> = Arc::new(SqlStore::open_sqlite(&url).await?);
-        let ids: Vec<String> = specs.iter().map(|s| s.server_id.clone()).collect();
-        for spec in specs {
-            store
-                .upsert(UpsertRequest {
-                    spec,
-                    expected_revision: None,
-                    actor: "bench".into(),
-                    source: Source::Api,
-                })
-                .await?;
-        }
-        let shutdown = CancellationToken::new();
-        let registry = Registry::start(
-            store,
-            RegistryOptions {
-                grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                auth: AuthConfig {
-                    admin_token: Some(ADMIN_TOKEN.into()),
-                    worker_token: Some(WORKER_TOKEN.into()),
-                    insecure_no_auth: false,
-                },
-                mcp_dir: None,
-                rescan_interval: None,
-                change_log_retention: None,
-                shutdown_grace: Duration::from_secs(1),
-                ..RegistryOptions::default()
-            },
-            shutdown.clone(),
-        )
-        .await?;
-        let registry_url = format!("http://{}", registry.grpc_addr());
-        let worker = Worker::start(
-            WorkerOptions {
-                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                sync: SyncOptions {
-                    registry_url,
-                    token: Some(WORKER_TOKEN.into()),
-                    worker_id: "bench".into(),
-                    ..SyncOptions::default()
-                },
-                pool: PoolOptions::default(),
-                callers: CallersConfig {
-                    callers: vec![CallerToken {
-                        token: CALLER_TOKEN.into(),
-                        task: "default".into(),
-                    }],
-                    ..CallersConfig::default()
-                },
-                warm_up: ids.clone(),
-                shutdown_grace: Duration::from_secs(1),
-                metrics: None,
-                upstream: None,
-                audit: AuditOptions::default(),
-            },
-            shutdown.clone(),
-        )
-        .await?;
-        let worker_url = format!("http://{}", worker.http_addr());
-        let snapshot = worker.snapshot();
-        let pool = worker.pool();
-        let tasks = vec![
-            tokio::spawn(async move {
-                if let Err(err) = registry.run().await {
-                    eprintln!("registry stopped with an error: {err}");
-                }
-            }),
-            tokio::spawn(async move {
-                if let Err(err) = worker.run().await {
-                    eprintln!("worker stopped with an error: {err}");
-                }
-            }),
-        ];
-        let stack = Stack {
-            shutdown,
-            worker_url,
-            snapshot,
-            pool,
-            tasks,
-            _scratch: scratch,
-        };
-        // Synced and warm: every record in the snapshot, its tools listed.
-        tokio::time::timeout(WAIT, async {
-            loop {
-                let current = stack.snapshot.current();
-                if ids.iter().all(|id| current.get(id).is_some()) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .map_err(|_| "the worker did not sync the benchmark records in time")?;
-        for id in &ids {
-            stack.pool.list_tools(&stack.server(id)?).await?;
-        }
-        Ok(stack)
-    }
-
-    fn server(&self, id: &str) -> BenchResult<Arc<StoredServer>> {
-        Ok(self
-            .snapshot
-            .current()
-            .get(id)
-            .ok_or_else(|| format!("{id} is not in the worker's snapshot"))?
-            .clone())
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
-}
-
 // ---------------------------------------------------------------- one call per path
 
 /// One way of calling `echo`; cheap to clone into concurrent callers.
@@ -1519,10 +1383,13 @@ fn main() -> BenchResult<()> {
     let mut report = Report::default();
     let http_server = client_runtime.block_on(HttpServer::start(config.http_server, &subject))?;
     let max_concurrency = config.concurrency.max(64) as u32;
-    let stack = worker_runtime.block_on(Stack::start(vec![
-        stdio_spec(&subject, max_concurrency),
-        http_spec(http_server.url(), max_concurrency),
-    ]));
+    let stack = worker_runtime.block_on(Stack::start(
+        vec![
+            stdio_spec(&subject, max_concurrency),
+            http_spec(http_server.url(), max_concurrency),
+        ],
+        None,
+    ));
     let stack = match stack {
         Ok(stack) => stack,
         Err(err) => {
