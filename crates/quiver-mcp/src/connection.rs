@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
@@ -31,6 +32,14 @@ const STDERR_LINE_MAX: usize = 1024;
 #[derive(Debug, Clone, Default)]
 pub struct StderrTail {
     lines: Arc<Mutex<VecDeque<String>>>,
+    readers: Arc<Readers>,
+}
+
+/// Stderr pipes still being read into a tail.
+#[derive(Debug, Default)]
+struct Readers {
+    open: AtomicUsize,
+    closed: Notify,
 }
 
 impl StderrTail {
@@ -57,6 +66,41 @@ impl StderrTail {
     pub fn summary(&self, last: usize) -> String {
         let lines = self.lines();
         lines[lines.len().saturating_sub(last)..].join(" | ")
+    }
+
+    /// Waits, at most `max`, until every stderr pipe feeding this tail has
+    /// reached its end. A child that failed may still have its last words in
+    /// the pipe when the protocol error arrives; after the process group is
+    /// gone this lets a caller report them.
+    pub async fn drained(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, async {
+            loop {
+                let closed = self.readers.closed.notified();
+                tokio::pin!(closed);
+                // Registered before the check, so a close in between is not missed.
+                closed.as_mut().enable();
+                if self.readers.open.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                closed.await;
+            }
+        })
+        .await;
+    }
+
+    /// Reads `stderr` into the tail until it ends.
+    fn follow(&self, stderr: tokio::process::ChildStderr, pid: Option<u32>) {
+        let tail = self.clone();
+        tail.readers.open.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(target: "quiver::mcp::stderr", pid, line = %line);
+                tail.push(&line);
+            }
+            tail.readers.open.fetch_sub(1, Ordering::AcqRel);
+            tail.readers.closed.notify_waiters();
+        });
     }
 }
 
@@ -166,14 +210,7 @@ impl Connection {
             })?;
         let pid = transport.id();
         if let Some(stderr) = stderr {
-            let tail = stderr_tail.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::debug!(target: "quiver::mcp::stderr", pid, line = %line);
-                    tail.push(&line);
-                }
-            });
+            stderr_tail.follow(stderr, pid);
         }
         Ok((serve(client_info().serve(transport)).await?, pid))
     }

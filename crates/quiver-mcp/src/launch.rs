@@ -63,7 +63,9 @@ fn resolve(field: &str, value: &str, env: &EnvLookup) -> Result<String, McpError
         Template::parse(value).map_err(|err| McpError::Unavailable(format!("{field}: {err}")))?;
     template
         .resolve(|name| env(name))
-        .map_err(|err| McpError::Unavailable(format!("{field}: {err} on this worker")))
+        // No "where": the lookup is the worker's environment on workers and
+        // the registry's for a preview; each caller says which.
+        .map_err(|err| McpError::Unavailable(format!("{field}: {err}")))
 }
 
 /// Resolves a record; an unresolvable required reference makes the server

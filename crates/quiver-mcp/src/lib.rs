@@ -9,6 +9,7 @@ pub mod launch;
 pub mod legacy_sse;
 pub mod output;
 mod pool;
+pub mod probe;
 mod tools;
 
 pub use error::McpError;

@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use quiver_mcp::probe::{ProbeError, ProbeStep};
 use quiver_model::ModelError;
 use quiver_store::StoreError;
 use serde_json::json;
@@ -46,6 +47,23 @@ pub enum RegistryError {
     /// The registry is shutting down or its database is unreachable.
     #[error("{0}")]
     Unavailable(String),
+    /// An MCP server the registry connected to itself (tool preview) could
+    /// not be started, reached or initialized, or failed `tools/list`.
+    #[error("{message}")]
+    McpUnavailable {
+        /// What went wrong.
+        message: String,
+        /// The last lines the stdio child wrote to stderr.
+        stderr_tail: Vec<String>,
+    },
+    /// An MCP server the registry connected to itself did not answer in time.
+    #[error("{message}")]
+    McpTimeout {
+        /// Which step ran out of time.
+        message: String,
+        /// The last lines the stdio child wrote to stderr.
+        stderr_tail: Vec<String>,
+    },
     /// A bug or corrupt data.
     #[error("{0}")]
     Internal(String),
@@ -68,6 +86,12 @@ pub enum ErrorCode {
     FailedPrecondition,
     /// See [`RegistryError::Unavailable`].
     Unavailable,
+    /// See [`RegistryError::McpUnavailable`]; the §10 code of the same failure
+    /// on a worker.
+    McpUnavailable,
+    /// See [`RegistryError::McpTimeout`]; the §10 code of the same failure on
+    /// a worker.
+    McpTimeout,
     /// See [`RegistryError::Internal`].
     Internal,
 }
@@ -118,6 +142,18 @@ impl ErrorCode {
                 tonic::Code::Unavailable,
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
+            // The registry is the gateway to the MCP server here, so the
+            // upstream's failure is a 502/504, not the registry's own 503.
+            ErrorCode::McpUnavailable => (
+                "mcp_unavailable",
+                tonic::Code::Unavailable,
+                StatusCode::BAD_GATEWAY,
+            ),
+            ErrorCode::McpTimeout => (
+                "mcp_timeout",
+                tonic::Code::DeadlineExceeded,
+                StatusCode::GATEWAY_TIMEOUT,
+            ),
             ErrorCode::Internal => (
                 "internal",
                 tonic::Code::Internal,
@@ -138,7 +174,18 @@ impl RegistryError {
             RegistryError::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             RegistryError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             RegistryError::Unavailable(_) => ErrorCode::Unavailable,
+            RegistryError::McpUnavailable { .. } => ErrorCode::McpUnavailable,
+            RegistryError::McpTimeout { .. } => ErrorCode::McpTimeout,
             RegistryError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The stderr tail an MCP connection error carries.
+    pub fn stderr_tail(&self) -> Option<&[String]> {
+        match self {
+            RegistryError::McpUnavailable { stderr_tail, .. }
+            | RegistryError::McpTimeout { stderr_tail, .. } => Some(stderr_tail),
+            _ => None,
         }
     }
 
@@ -173,6 +220,31 @@ impl From<quiver_proto::ConversionError> for RegistryError {
         RegistryError::InvalidArgument {
             field: Some(err.field().to_owned()),
             message: err.to_string(),
+        }
+    }
+}
+
+impl From<ProbeError> for RegistryError {
+    fn from(err: ProbeError) -> Self {
+        let mut message = err.to_string();
+        if let ProbeError::Unavailable {
+            step: ProbeStep::Launch,
+            ..
+        } = &err
+        {
+            message.push_str(
+                " (a preview resolves ${ENV:...} references in the registry's environment, not a worker's)",
+            );
+        }
+        match err {
+            ProbeError::Unavailable { stderr_tail, .. } => RegistryError::McpUnavailable {
+                message,
+                stderr_tail,
+            },
+            ProbeError::Timeout { stderr_tail, .. } => RegistryError::McpTimeout {
+                message,
+                stderr_tail,
+            },
         }
     }
 }
@@ -228,6 +300,9 @@ impl IntoResponse for RegistryError {
         }
         if let RegistryError::Conflict { current, .. } = &self {
             body["error"]["current_revision"] = json!(current);
+        }
+        if let Some(tail) = self.stderr_tail() {
+            body["error"]["stderr_tail"] = json!(tail);
         }
         let mut response = (code.http(), axum::Json(body)).into_response();
         if code == ErrorCode::Unauthenticated {

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 pub mod feed;
 pub mod grpc;
+pub mod preview;
 pub mod rest;
 mod server;
 pub mod state;

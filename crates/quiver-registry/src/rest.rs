@@ -3,7 +3,12 @@
 //! Bodies use the `mcp.d` field names. Record bodies are parsed strictly
 //! (unknown fields are errors) so typos never silently vanish. Errors are JSON
 //! `{"error": {"code", "message", "field"?}}` with a fitting status; reads made
-//! without the admin token mask literal env and header values.
+//! without the admin token mask literal env and header values, and so do
+//! reads with `?masked=true` (the web admin never holds secrets).
+//!
+//! Masked values stay masked unless changed: a record written back (upsert,
+//! import) or previewed with an env/header value that is exactly the mask
+//! keeps the stored value of that key ([`RegistryState::upsert_keeping_masked`]).
 
 use std::collections::HashMap;
 
@@ -24,6 +29,7 @@ use serde_json::{Value, json};
 
 use crate::auth::Role;
 use crate::error::RegistryError;
+use crate::preview::{self, EvaluateRequest};
 use crate::state::{RegistryState, RescanOutcome, actor_name};
 
 /// Header naming the person behind a write (audit), like the gRPC metadata.
@@ -32,12 +38,15 @@ pub const ACTOR_HEADER: &str = "x-quiver-actor";
 /// Routes of the admin API, to be nested at `/admin/api`.
 pub fn router() -> Router<RegistryState> {
     Router::new()
+        .route("/whoami", get(whoami))
         .route("/mcp/servers", get(list_servers).post(upsert_server))
         .route("/mcp/servers/{id}", get(get_server).delete(delete_server))
         .route("/mcp/servers/{id}/history", get(server_history))
         .route("/mcp/servers/{id}/rollback", post(rollback_server))
         .route("/mcp/import", post(import))
         .route("/mcp/rescan", post(rescan))
+        .route("/mcp/preview", post(preview_tools))
+        .route("/mcp/evaluate", post(evaluate_tools))
         .route("/workers", get(list_workers))
 }
 
@@ -52,27 +61,46 @@ impl Caller {
         self.role.require(Role::Admin)
     }
 
-    /// What a read returns of a record for this caller.
-    fn present(&self, server: StoredServer) -> StoredServer {
-        if self.role == Role::Admin {
-            server
-        } else {
-            StoredServer {
-                spec: server.spec.masked(),
-                ..server
-            }
-        }
+    /// Whether reads must mask literal values: always without the admin
+    /// token, on request (`?masked=true`) with it.
+    fn masks(&self, query: &HashMap<String, String>) -> Result<bool, RegistryError> {
+        Ok(self.role != Role::Admin || flag(query, "masked", false)?)
     }
+}
 
-    fn present_history(&self, entry: HistoryEntry) -> HistoryEntry {
-        if self.role == Role::Admin {
-            entry
-        } else {
-            HistoryEntry {
-                spec: entry.spec.map(|spec| spec.masked()),
-                ..entry
-            }
+/// What a read returns of a record ([`Caller::masks`] says whether masked).
+fn present(server: StoredServer, masked: bool) -> StoredServer {
+    if masked {
+        StoredServer {
+            spec: server.spec.masked(),
+            ..server
         }
+    } else {
+        server
+    }
+}
+
+fn present_history(entry: HistoryEntry, masked: bool) -> HistoryEntry {
+    if masked {
+        HistoryEntry {
+            spec: entry.spec.map(|spec| spec.masked()),
+            ..entry
+        }
+    } else {
+        entry
+    }
+}
+
+/// A `true`/`false` query parameter, `default` when absent.
+fn flag(query: &HashMap<String, String>, name: &str, default: bool) -> Result<bool, RegistryError> {
+    match query.get(name).map(String::as_str) {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(RegistryError::invalid(
+            name,
+            format!("{other:?} is not true or false"),
+        )),
     }
 }
 
@@ -134,27 +162,38 @@ fn with_etag(status: StatusCode, revision: u64, body: Value) -> Response {
     response
 }
 
-fn upsert_response(outcome: UpsertOutcome) -> Response {
+/// The written record; masked like a read when the caller asks for it.
+fn upsert_response(outcome: UpsertOutcome, masked: bool) -> Response {
     let status = match outcome {
         UpsertOutcome::Created(_) => StatusCode::CREATED,
         UpsertOutcome::Updated(_) | UpsertOutcome::Unchanged(_) => StatusCode::OK,
     };
     let unchanged = matches!(outcome, UpsertOutcome::Unchanged(_));
-    let server = outcome.into_server();
+    let server = present(outcome.into_server(), masked);
     let mut body = json!(server);
     body["unchanged"] = json!(unchanged);
     with_etag(status, server.revision, body)
 }
 
+async fn whoami(caller: Caller) -> Response {
+    let role = match caller.role {
+        Role::Admin => "admin",
+        Role::Worker => "worker",
+    };
+    axum::Json(json!({"role": role})).into_response()
+}
+
 async fn list_servers(
     caller: Caller,
     State(state): State<RegistryState>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, RegistryError> {
+    let masked = caller.masks(&query)?;
     let snapshot = state.store.list().await?;
     let servers: Vec<_> = snapshot
         .servers
         .into_iter()
-        .map(|s| caller.present(s))
+        .map(|s| present(s, masked))
         .collect();
     Ok(axum::Json(json!({"revision": snapshot.revision, "servers": servers})).into_response())
 }
@@ -163,7 +202,9 @@ async fn get_server(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, RegistryError> {
+    let masked = caller.masks(&query)?;
     let server = state
         .store
         .get(&id)
@@ -173,7 +214,7 @@ async fn get_server(
     Ok(with_etag(
         StatusCode::OK,
         revision,
-        json!(caller.present(server)),
+        json!(present(server, masked)),
     ))
 }
 
@@ -186,16 +227,17 @@ async fn upsert_server(
 ) -> Result<Response, RegistryError> {
     caller.require_admin()?;
     let expected_revision = expected_revision(&query, &headers)?;
+    let masked = caller.masks(&query)?;
     let spec = parse_record(body_text(&body)?, Format::Json, Strictness::Strict)?.spec;
     let outcome = state
-        .upsert(UpsertRequest {
+        .upsert_keeping_masked(UpsertRequest {
             spec,
             expected_revision,
             actor: caller.actor,
             source: Source::Admin,
         })
         .await?;
-    Ok(upsert_response(outcome))
+    Ok(upsert_response(outcome, masked))
 }
 
 async fn delete_server(
@@ -221,12 +263,14 @@ async fn server_history(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, RegistryError> {
+    let masked = caller.masks(&query)?;
     let entries: Vec<_> = state
         .history(&id)
         .await?
         .into_iter()
-        .map(|entry| caller.present_history(entry))
+        .map(|entry| present_history(entry, masked))
         .collect();
     Ok(axum::Json(json!({"server_id": id, "entries": entries})).into_response())
 }
@@ -244,9 +288,11 @@ async fn rollback_server(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
     caller.require_admin()?;
+    let masked = caller.masks(&query)?;
     let request: RollbackBody =
         serde_json::from_slice(&body).map_err(|err| RegistryError::InvalidArgument {
             field: Some("revision".into()),
@@ -283,7 +329,7 @@ async fn rollback_server(
             source: Source::Admin,
         })
         .await?;
-    Ok(upsert_response(outcome))
+    Ok(upsert_response(outcome, masked))
 }
 
 /// The syntax of an import body: `?format=`, else the content type, else a sniff.
@@ -327,22 +373,29 @@ async fn import(
     caller.require_admin()?;
     let text = body_text(&body)?;
     let format = import_format(&query, &headers, text)?;
-    let strictness = match query.get("strict").map(String::as_str) {
-        None | Some("true") => Strictness::Strict,
-        Some("false") => Strictness::Lenient,
-        Some(other) => {
-            return Err(RegistryError::invalid(
-                "strict",
-                format!("{other:?} is not true or false"),
-            ));
-        }
+    let strictness = if flag(&query, "strict", true)? {
+        Strictness::Strict
+    } else {
+        Strictness::Lenient
     };
     let records = parse_document(text, format, strictness)?;
+    // Masked values without a stored value to keep are input errors like any
+    // other: found before anything is written. The writes below restore
+    // again, from whatever is stored by then.
+    let several = records.len() > 1;
+    for (i, record) in records.iter().enumerate() {
+        if record.spec.has_masked_values() {
+            state
+                .restore_masked(record.spec.clone())
+                .await
+                .map_err(|err| if several { in_record(err, i) } else { err })?;
+        }
+    }
     let mut results = Vec::with_capacity(records.len());
     for record in records {
         let server_id = record.spec.server_id.clone();
         let result = state
-            .upsert(UpsertRequest {
+            .upsert_keeping_masked(UpsertRequest {
                 spec: record.spec,
                 expected_revision: None,
                 actor: caller.actor.clone(),
@@ -363,6 +416,22 @@ async fn import(
         });
     }
     Ok(axum::Json(json!({"results": results})).into_response())
+}
+
+/// `err` about a field of the `index`-th record of a multi-record document,
+/// named the way the parser names such fields (`servers[1].stdio.env.KEY`).
+/// A document with one record keeps the plain field name, like the upsert.
+fn in_record(err: RegistryError, index: usize) -> RegistryError {
+    match err {
+        RegistryError::InvalidArgument {
+            field: Some(field),
+            message,
+        } => RegistryError::InvalidArgument {
+            field: Some(format!("servers[{index}].{field}")),
+            message,
+        },
+        other => other,
+    }
 }
 
 async fn rescan(
@@ -386,6 +455,44 @@ async fn rescan(
     .into_response())
 }
 
-async fn list_workers(_caller: Caller, State(state): State<RegistryState>) -> Response {
-    axum::Json(json!({"workers": state.workers.list()})).into_response()
+/// Connects to the record's server from the registry and previews its tools
+/// (see [`crate::preview`]). Admin only: it starts the record's command on
+/// the registry host.
+async fn preview_tools(
+    caller: Caller,
+    State(state): State<RegistryState>,
+    body: Bytes,
+) -> Result<Response, RegistryError> {
+    caller.require_admin()?;
+    let spec = parse_record(body_text(&body)?, Format::Json, Strictness::Strict)?.spec;
+    let spec = state.restore_masked(spec).await?;
+    tracing::info!(
+        target: "quiver::audit",
+        action = "preview",
+        server_id = %spec.server_id,
+        transport = spec.transport.as_str(),
+        actor = %caller.actor,
+        "mcp server preview"
+    );
+    let preview = preview::preview(spec, state.preview_timeout()).await?;
+    Ok(axum::Json(preview).into_response())
+}
+
+/// The preview's decisions for given tool names, without connecting.
+async fn evaluate_tools(_caller: Caller, body: Bytes) -> Result<Response, RegistryError> {
+    let request = EvaluateRequest::parse(&body)?;
+    let evaluation = preview::evaluate(&request.record, request.tools.iter().map(String::as_str))?;
+    Ok(axum::Json(evaluation).into_response())
+}
+
+async fn list_workers(
+    _caller: Caller,
+    State(state): State<RegistryState>,
+) -> Result<Response, RegistryError> {
+    let head_revision = state.store.head().await?.revision;
+    Ok(axum::Json(json!({
+        "head_revision": head_revision,
+        "workers": state.workers.list_behind(head_revision),
+    }))
+    .into_response())
 }

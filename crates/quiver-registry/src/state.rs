@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use quiver_bootstrap::{ApplyReport, Scan};
-use quiver_model::{HistoryEntry, Strictness};
+use quiver_model::{HistoryEntry, McpServerSpec, Strictness};
 use quiver_store::{DeleteRequest, Store, UpsertOutcome, UpsertRequest};
 use tokio::sync::Mutex;
 
@@ -16,6 +17,14 @@ use crate::workers::WorkerBoard;
 
 /// Actor recorded for changes made by `mcp.d` rescans.
 pub const BOOTSTRAP_ACTOR: &str = "mcp.d";
+
+/// Bound on connecting to an MCP server plus `initialize` and `tools/list`
+/// in a tool preview.
+pub const PREVIEW_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How often a write that restores masked values re-reads the record when
+/// other writers keep changing it in between.
+const MASKED_WRITE_ATTEMPTS: usize = 5;
 
 /// The `mcp.d` directory the registry reconciles from.
 #[derive(Debug, Clone)]
@@ -40,6 +49,7 @@ pub struct RegistryState {
     mcp_dir: Option<McpDir>,
     /// Serialises rescans (SIGHUP, timer and REST may overlap).
     rescan_lock: Arc<Mutex<()>>,
+    preview_timeout: Duration,
 }
 
 /// Result of one `mcp.d` rescan.
@@ -66,6 +76,84 @@ impl RegistryState {
             workers: WorkerBoard::default(),
             mcp_dir,
             rescan_lock: Arc::new(Mutex::new(())),
+            preview_timeout: PREVIEW_TIMEOUT,
+        }
+    }
+
+    /// The same state with another bound on tool previews than
+    /// [`PREVIEW_TIMEOUT`] (tests, embedders).
+    pub fn with_preview_timeout(mut self, timeout: Duration) -> Self {
+        self.preview_timeout = timeout;
+        self
+    }
+
+    /// The bound on connect + `initialize` + `tools/list` of a tool preview.
+    pub fn preview_timeout(&self) -> Duration {
+        self.preview_timeout
+    }
+
+    /// `spec` with every env/header value that is exactly the mask replaced
+    /// by the value the stored record with its id holds
+    /// ([`McpServerSpec::restore_masked`]); reads nothing when there is no
+    /// masked value.
+    pub async fn restore_masked(
+        &self,
+        mut spec: McpServerSpec,
+    ) -> Result<McpServerSpec, RegistryError> {
+        if spec.has_masked_values() {
+            let stored = self.store.get(&spec.server_id).await?;
+            spec.restore_masked(stored.as_ref().map(|s| &s.spec))?;
+        }
+        Ok(spec)
+    }
+
+    /// [`RegistryState::upsert`] of a record a client may have sent back
+    /// with masked values: those keep the stored values (see
+    /// [`RegistryState::restore_masked`]).
+    ///
+    /// The caller's `expected_revision` is checked as usual, and first, so a
+    /// stale form hears about the conflict rather than about a masked key.
+    /// Without one, the write still expects the revision the kept values were
+    /// read at, so a secret changed concurrently is never overwritten by the
+    /// value it replaced; such a race re-reads and tries again.
+    pub async fn upsert_keeping_masked(
+        &self,
+        request: UpsertRequest,
+    ) -> Result<UpsertOutcome, RegistryError> {
+        if !request.spec.has_masked_values() {
+            return self.upsert(request).await;
+        }
+        let mut attempt = 1;
+        loop {
+            let stored = self.store.get(&request.spec.server_id).await?;
+            let current = stored.as_ref().map_or(0, |s| s.revision);
+            if let Some(expected) = request.expected_revision
+                && expected != current
+            {
+                return Err(RegistryError::Conflict {
+                    server_id: request.spec.server_id,
+                    expected,
+                    current,
+                });
+            }
+            let mut spec = request.spec.clone();
+            spec.restore_masked(stored.as_ref().map(|s| &s.spec))?;
+            let written = self
+                .upsert(UpsertRequest {
+                    spec,
+                    expected_revision: Some(current),
+                    actor: request.actor.clone(),
+                    source: request.source.clone(),
+                })
+                .await;
+            match written {
+                Err(RegistryError::Conflict { .. })
+                    if request.expected_revision.is_none() && attempt < MASKED_WRITE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                other => return other,
+            }
         }
     }
 

@@ -44,6 +44,18 @@ pub struct WorkerStatus {
     pub reported_at: DateTime<Utc>,
 }
 
+/// A worker's last report as the admin API lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerListing {
+    /// The report.
+    #[serde(flatten)]
+    pub status: WorkerStatus,
+    /// Revisions the worker's snapshot is behind the registry's head; 0 when
+    /// it is level or ahead (a worker fed by another replica may be ahead of
+    /// this one for a moment).
+    pub lag: u64,
+}
+
 /// The reports of every worker; cheap to clone.
 #[derive(Clone, Default)]
 pub struct WorkerBoard {
@@ -74,5 +86,16 @@ impl WorkerBoard {
             .collect();
         list.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
         list
+    }
+
+    /// [`WorkerBoard::list`] with each worker's lag behind `head_revision`.
+    pub fn list_behind(&self, head_revision: u64) -> Vec<WorkerListing> {
+        self.list()
+            .into_iter()
+            .map(|status| WorkerListing {
+                lag: head_revision.saturating_sub(status.snapshot_revision),
+                status,
+            })
+            .collect()
     }
 }

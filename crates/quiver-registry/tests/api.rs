@@ -3,123 +3,20 @@
 //! (crashes, replicas, the CLI) is covered by the end-to-end tests in
 //! `tests/e2e`.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
+use common::{ADMIN, WORKER, postgres_registry, rest, spec, sqlite_registry};
+use quiver_model::{McpServerSpec, Source};
 use quiver_proto::v1 as pb;
-use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::{ChangeFeed, FeedOptions, WatchEvent};
-use quiver_registry::{Registry, RegistryOptions};
 use quiver_store::{SqlStore, Store, UpsertRequest};
-use quiver_testkit::postgres::TestDatabase;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
-
-const ADMIN: &str = "admin-secret";
-const WORKER: &str = "worker-secret";
-
-/// A registry served in-process; stops when dropped.
-struct TestRegistry {
-    store: Arc<SqlStore>,
-    grpc: String,
-    http: String,
-    shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
-    _db: Option<TestDatabase>,
-}
-
-impl Drop for TestRegistry {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn start_with(
-    store: Arc<SqlStore>,
-    dir: tempfile::TempDir,
-    db: Option<TestDatabase>,
-    tweak: impl FnOnce(&mut RegistryOptions),
-) -> TestRegistry {
-    let mut options = RegistryOptions {
-        grpc_listen: "127.0.0.1:0".parse().unwrap(),
-        http_listen: "127.0.0.1:0".parse().unwrap(),
-        auth: AuthConfig {
-            admin_token: Some(ADMIN.into()),
-            worker_token: Some(WORKER.into()),
-            insecure_no_auth: false,
-        },
-        rescan_interval: None,
-        change_log_retention: None,
-        shutdown_grace: Duration::from_secs(2),
-        ..Default::default()
-    };
-    tweak(&mut options);
-    let shutdown = CancellationToken::new();
-    let registry = Registry::start(store.clone(), options, shutdown.clone())
-        .await
-        .unwrap();
-    let grpc = format!("http://{}", registry.grpc_addr());
-    let http = format!("http://{}", registry.http_addr());
-    tokio::spawn(registry.run());
-    TestRegistry {
-        store,
-        grpc,
-        http,
-        shutdown,
-        _dir: dir,
-        _db: db,
-    }
-}
-
-async fn sqlite_registry(tweak: impl FnOnce(&mut RegistryOptions)) -> TestRegistry {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
-    let store = Arc::new(SqlStore::open_sqlite(&url).await.unwrap());
-    start_with(store, dir, None, tweak).await
-}
-
-async fn postgres_registry() -> TestRegistry {
-    let db = TestDatabase::create().await;
-    let store = Arc::new(SqlStore::open_postgres(db.url()).await.unwrap());
-    start_with(store, tempfile::tempdir().unwrap(), Some(db), |_| {}).await
-}
-
-type Client = quiver_proto::credentials::RegistryClient;
-
-impl TestRegistry {
-    async fn client(&self, token: Option<&'static str>) -> Client {
-        let channel = Channel::from_shared(self.grpc.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        quiver_proto::credentials::Credentials::new(token, None)
-            .unwrap()
-            .client(channel)
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.http)
-    }
-}
-
-fn spec(id: &str, command: &str) -> McpServerSpec {
-    let mut spec = McpServerSpec::new(id, Transport::Stdio);
-    spec.stdio = Some(StdioConfig {
-        command: command.into(),
-        env: [
-            ("API_KEY".to_owned(), "sk-literal".to_owned()),
-            ("TOKEN".to_owned(), "${ENV:TOKEN}".to_owned()),
-        ]
-        .into(),
-        ..Default::default()
-    });
-    spec.allowed_tools = vec!["*".into()];
-    spec
-}
 
 fn upsert_request(
     spec: &McpServerSpec,
@@ -594,31 +491,6 @@ async fn health_and_reflection_are_served() {
         .await
         .unwrap();
     assert_eq!(ready, json!({"ready": true, "revision": 0}));
-}
-
-async fn rest(
-    registry: &TestRegistry,
-    method: reqwest::Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, registry.url(path));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let text = response.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
 }
 
 #[tokio::test]
