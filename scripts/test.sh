@@ -53,6 +53,31 @@ else
 fi
 export QUIVER_TEST_PYTHON="$pyenv/bin/python"
 
+# The web admin's browser test (tests/e2e/web_admin.rs runs
+# tests/web/admin.spec.mjs): Debian's Chromium, driven by the pinned
+# playwright-core from tests/web/package-lock.json (never a downloaded browser).
+chromium_bin="${QUIVER_TEST_CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$chromium_bin" ]; then
+  echo "installing Debian's chromium (for the web admin browser test)"
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || {
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  }
+else
+  echo "using $chromium_bin"
+fi
+export QUIVER_TEST_CHROMIUM="$chromium_bin"
+web_modules="$PWD/tests/web/node_modules"
+if node -e "process.exit(require('$web_modules/playwright-core/package.json').version === require('./tests/web/package.json').dependencies['playwright-core'] ? 0 : 1)" >/dev/null 2>&1; then
+  echo "using playwright-core in tests/web/node_modules"
+else
+  echo "installing playwright-core into tests/web/node_modules (npm ci)"
+  (cd tests/web && npm ci --no-audit --no-fund --loglevel=error)
+fi
+export QUIVER_TEST_NODE_MODULES="$web_modules"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # One build shared by every test binary; then the run itself.

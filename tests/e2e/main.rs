@@ -16,4 +16,5 @@ mod harness;
 mod openai_sdk;
 mod registry_concurrency;
 mod replicas;
+mod web_admin;
 mod worker;

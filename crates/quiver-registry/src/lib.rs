@@ -10,6 +10,7 @@ pub mod preview;
 pub mod rest;
 mod server;
 pub mod state;
+pub mod web;
 pub mod workers;
 
 pub use server::{Registry, RegistryOptions, ServeError, http_router};

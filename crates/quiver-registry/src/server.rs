@@ -23,7 +23,7 @@ use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::error::RegistryError;
 use crate::feed::{ChangeFeed, FeedOptions};
 use crate::grpc::GrpcService;
-use crate::state::{McpDir, RegistryState};
+use crate::state::{McpDir, PreviewEnv, RegistryState};
 
 /// How the registry runs.
 #[derive(Debug, Clone)]
@@ -48,6 +48,9 @@ pub struct RegistryOptions {
     pub shutdown_grace: Duration,
     /// Prometheus recorder to render at `/metrics`, when installed.
     pub metrics: Option<PrometheusHandle>,
+    /// The environment of tool previews (`quiver dev` adds its own binary's
+    /// directory to `PATH`, as it does for its worker).
+    pub preview_env: PreviewEnv,
 }
 
 impl Default for RegistryOptions {
@@ -62,6 +65,7 @@ impl Default for RegistryOptions {
             change_log_retention: Some(100_000),
             shutdown_grace: Duration::from_secs(10),
             metrics: None,
+            preview_env: PreviewEnv::default(),
         }
     }
 }
@@ -116,7 +120,8 @@ impl Registry {
         let addrs = [local_addr(&grpc_listener)?, local_addr(&http_listener)?];
         let auth = Authenticator::new(&options.auth, &addrs)?;
         let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
-        let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone());
+        let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
+            .with_preview_env(options.preview_env.clone());
         if state.has_mcp_dir() {
             state.rescan().await?;
         }
@@ -232,6 +237,7 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
 pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> Router {
     Router::new()
         .nest("/admin/api", crate::rest::router())
+        .merge(crate::web::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(state)

@@ -1,0 +1,266 @@
+//! The web admin (SPEC §5, R-UI-1…6) in a real browser: Debian's Chromium
+//! driven by playwright-core (`tests/web/admin.spec.mjs`) against a real
+//! registry process (SQLite, admin and worker tokens, an `mcp.d` directory)
+//! and a real worker following it, so worker status is real too.
+//!
+//! This test owns the processes and checks how the registry serves the
+//! embedded files; the script drives the pages (sign-in, create with tool
+//! preview, edit, validation errors, edit conflicts, history and rollback,
+//! worker status, import and rescan, delete, read-only view) and saves
+//! screenshots under `target/web-admin-screenshots/`.
+//!
+//! Chromium (`QUIVER_TEST_CHROMIUM`, default `/usr/bin/chromium`) and the
+//! pinned playwright-core (`QUIVER_TEST_NODE_MODULES`, default
+//! `tests/web/node_modules`) are installed by `scripts/test.sh`. Without
+//! them the test fails: it never skips silently.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::harness::{RegistryProcess, WorkerProcess, testkit_mcp_bin};
+use crate::worker::{ADMIN, WORKER};
+
+const CALLER: &str = "e2e-web-caller-token";
+const WORKER_ID: &str = "e2e-web-worker";
+/// Hard limit for the browser script (it normally takes 15–30 s).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(150);
+
+fn workspace() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    std::fs::canonicalize(&path).unwrap_or(path)
+}
+
+/// The Chromium binary; fails the test when it is not installed.
+fn chromium() -> String {
+    let chromium =
+        std::env::var("QUIVER_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_owned());
+    assert!(
+        Path::new(&chromium).is_file(),
+        "Chromium is not installed at {chromium}: the web admin browser test needs Debian's \
+         chromium; run the suite with scripts/test.sh (it installs it), or \
+         `apt-get install -y --no-install-recommends chromium` (or set QUIVER_TEST_CHROMIUM)"
+    );
+    chromium
+}
+
+/// The `node_modules` holding playwright-core; fails the test when missing.
+fn node_modules() -> PathBuf {
+    let modules = std::env::var_os("QUIVER_TEST_NODE_MODULES")
+        .map_or_else(|| workspace().join("tests/web/node_modules"), PathBuf::from);
+    assert!(
+        modules.join("playwright-core/package.json").is_file(),
+        "playwright-core is not installed in {}: run the suite with scripts/test.sh, or \
+         `(cd tests/web && npm ci)` (or set QUIVER_TEST_NODE_MODULES)",
+        modules.display()
+    );
+    modules
+}
+
+/// Checks the `node` on `PATH` runs.
+async fn node_version() -> String {
+    let output = tokio::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .await
+        .unwrap_or_else(|err| {
+            panic!("cannot run `node` ({err}): the web admin browser test needs Node.js >= 20 on PATH (see scripts/test.sh)")
+        });
+    assert!(output.status.success(), "node --version failed: {output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// The embedded files are served with their types, deep links get the page,
+/// unknown files and API routes are 404, and nothing needs a credential.
+async fn check_serving(base: &str) {
+    let client = reqwest::Client::new();
+    let get = |path: &str| client.get(format!("{base}{path}")).send();
+    for path in [
+        "/admin",
+        "/admin/",
+        "/admin/servers/some-id",
+        "/admin/workers",
+    ] {
+        let response = get(path).await.expect("GET page");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(
+            response.headers()[CONTENT_TYPE],
+            "text/html; charset=utf-8",
+            "{path}"
+        );
+        assert!(
+            response.headers()[CONTENT_SECURITY_POLICY]
+                .to_str()
+                .unwrap()
+                .contains("default-src 'none'"),
+            "{path}: a content security policy"
+        );
+        let body = response.text().await.unwrap();
+        assert!(
+            body.contains(r#"<script type="module" src="/admin/js/app.js">"#),
+            "{path}: {body}"
+        );
+        assert!(
+            !body.contains("https://") && !body.contains("http://"),
+            "{path}: no external resource"
+        );
+    }
+    for (path, content_type) in [
+        ("/admin/js/app.js", "text/javascript; charset=utf-8"),
+        ("/admin/js/form.js", "text/javascript; charset=utf-8"),
+        ("/admin/app.css", "text/css; charset=utf-8"),
+        ("/admin/favicon.svg", "image/svg+xml"),
+    ] {
+        let response = get(path).await.expect("GET asset");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(response.headers()[CONTENT_TYPE], content_type, "{path}");
+        let etag = response.headers()[ETAG].clone();
+        let again = client
+            .get(format!("{base}{path}"))
+            .header(IF_NONE_MATCH, etag)
+            .send()
+            .await
+            .expect("revalidate");
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED, "{path}");
+    }
+    let missing = get("/admin/js/missing.js").await.expect("GET missing");
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let api = get("/admin/api/no-such-route").await.expect("GET api");
+    assert_eq!(api.status(), StatusCode::NOT_FOUND);
+    let body: serde_json::Value = api.json().await.expect("JSON error");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    // The API itself still needs a token.
+    let whoami = get("/admin/api/whoami").await.expect("GET whoami");
+    assert_eq!(whoami.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_admin_in_chromium() {
+    let chromium = chromium();
+    let modules = node_modules();
+    let node = node_version().await;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mcp_dir = dir.path().join("mcp.d");
+    std::fs::create_dir(&mcp_dir).expect("mcp.d");
+    let db_url = format!("sqlite://{}", dir.path().join("quiver.db").display());
+    let mcp_dir_arg = mcp_dir.to_str().expect("utf-8 path").to_owned();
+    let registry = RegistryProcess::start(&[
+        "--database-url",
+        &db_url,
+        "--admin-token",
+        ADMIN,
+        "--worker-token",
+        WORKER,
+        "--mcp-dir",
+        &mcp_dir_arg,
+        // Rescans happen when the page asks for them, nowhere else.
+        "--rescan-interval-secs",
+        "0",
+    ])
+    .await;
+    let worker = WorkerProcess::start(
+        &registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--worker-id", WORKER_ID],
+    )
+    .await;
+
+    check_serving(&registry.http_url()).await;
+
+    let screenshots = workspace().join("target/web-admin-screenshots");
+    let _ = std::fs::remove_dir_all(&screenshots);
+    std::fs::create_dir_all(&screenshots).expect("screenshot dir");
+    let script = workspace().join("tests/web/admin.spec.mjs");
+
+    let started = Instant::now();
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(&script)
+        .current_dir(workspace().join("tests/web"))
+        .env("QUIVER_REGISTRY_URL", registry.http_url())
+        .env("QUIVER_ADMIN_TOKEN", ADMIN)
+        .env("QUIVER_WORKER_TOKEN", WORKER)
+        .env("QUIVER_WORKER_ID", WORKER_ID)
+        .env("QUIVER_WORKER_URL", worker.url())
+        .env("QUIVER_CALLER_TOKEN", CALLER)
+        .env("QUIVER_MCP_BIN", testkit_mcp_bin())
+        .env("QUIVER_MCP_DIR", &mcp_dir)
+        .env("QUIVER_SCREENSHOT_DIR", &screenshots)
+        .env("QUIVER_TEST_CHROMIUM", &chromium)
+        .env("QUIVER_TEST_NODE_MODULES", &modules)
+        // Loopback only: no proxy may sit between the browser and the registry.
+        .env("NO_PROXY", "*")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn node");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    // Both streams are echoed as they come (visible with --no-capture and in
+    // failure output) and kept for the failure message.
+    let echo = |stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            let mut kept = Vec::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+                kept.push(line);
+            }
+            kept
+        })
+    };
+    let out = echo(Box::new(stdout));
+    let err = echo(Box::new(stderr));
+    let status = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await {
+        Ok(status) => Some(status.expect("wait for node")),
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    };
+    let mut log = out.await.unwrap_or_default();
+    log.extend(err.await.unwrap_or_default());
+    let log = log.join("\n");
+    match status {
+        None => panic!(
+            "the browser script did not finish within {SCRIPT_TIMEOUT:?}; its output:\n{log}\n\
+             registry log:\n{}\nworker log:\n{}",
+            registry.log_tail(),
+            worker.log_tail()
+        ),
+        Some(status) if !status.success() => panic!(
+            "the browser script failed ({status}, node {node}, {chromium}); screenshots in {}; \
+             its output:\n{log}\nregistry log:\n{}\nworker log:\n{}",
+            screenshots.display(),
+            registry.log_tail(),
+            worker.log_tail()
+        ),
+        Some(_) => eprintln!(
+            "web admin browser test passed in {:.1?} (node {node}); screenshots in {}",
+            started.elapsed(),
+            screenshots.display()
+        ),
+    }
+    for name in [
+        "01-sign-in",
+        "02-servers",
+        "03-create-with-preview",
+        "07-workers",
+    ] {
+        assert!(
+            screenshots.join(format!("{name}.png")).is_file(),
+            "screenshot {name}.png"
+        );
+    }
+}

@@ -1,0 +1,127 @@
+// The registry's REST admin API (`/admin/api`), with the bearer token kept in
+// sessionStorage (this tab only, gone when it closes; never a cookie).
+
+/** URL path of the web admin, e.g. `/admin/` (this file is `/admin/js/api.js`). */
+export const BASE = new URL('../', import.meta.url).pathname;
+const API = `${BASE}api/`;
+const TOKEN_KEY = 'quiver.admin.token';
+
+/** The stored token, or `null`. */
+export function getToken() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+/** Stores (or, with `null`, forgets) the token. */
+export function setToken(token) {
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+/** A failed API call: HTTP status plus the `{"error": {...}}` body. */
+export class ApiError extends Error {
+  constructor(status, error, fallback) {
+    super(error?.message || fallback || `HTTP ${status}`);
+    this.status = status;
+    this.code = error?.code ?? (status === 0 ? 'network' : `http_${status}`);
+    this.field = error?.field ?? null;
+    this.currentRevision = error?.current_revision ?? null;
+    this.error = error ?? null;
+  }
+
+  /** Every field error: `[{field, message}]` (the message may list several). */
+  fieldErrors() {
+    const error = this.error ?? {};
+    if (Array.isArray(error.fields) && error.fields.every((e) => e && typeof e.field === 'string')) {
+      return error.fields.map((e) => ({ field: e.field, message: e.message ?? '' }));
+    }
+    if (!this.field) return [];
+    // The registry joins several problems as `a: m1; b: m2` with the first
+    // field in `field`.
+    const parts = String(this.message).split('; ').map((part) => {
+      const i = part.indexOf(': ');
+      return i > 0 && /^[^\s]+$/.test(part.slice(0, i)) ? { field: part.slice(0, i), message: part.slice(i + 2) } : null;
+    });
+    if (parts.length && parts.every(Boolean) && parts.some((p) => p.field === this.field)) return parts;
+    const prefix = `${this.field}: `;
+    const message = this.message.startsWith(prefix) ? this.message.slice(prefix.length) : this.message;
+    return [{ field: this.field, message }];
+  }
+}
+
+/**
+ * Calls `METHOD /admin/api/<path>`. `body` is sent as JSON unless `text` is
+ * given (sent as is with `contentType`). Resolves with the parsed JSON.
+ * A 401 also fires `quiver:unauthenticated` on `window`.
+ */
+export async function api(method, path, { query, body, text, contentType, token } = {}) {
+  const url = new URL(API + path, location.origin);
+  for (const [key, value] of Object.entries(query ?? {})) {
+    if (value != null) url.searchParams.set(key, String(value));
+  }
+  const headers = { Accept: 'application/json' };
+  const credential = token === undefined ? getToken() : token;
+  if (credential) headers.Authorization = `Bearer ${credential}`;
+  let payload;
+  if (text != null) {
+    payload = text;
+    headers['Content-Type'] = contentType ?? 'text/plain';
+  } else if (body !== undefined) {
+    payload = JSON.stringify(body);
+    headers['Content-Type'] = 'application/json';
+  }
+  let response;
+  try {
+    response = await fetch(url, { method, headers, body: payload, cache: 'no-store', credentials: 'omit' });
+  } catch (err) {
+    throw new ApiError(0, null, `Cannot reach the registry: ${err.message}`);
+  }
+  const raw = await response.text();
+  let json = null;
+  try {
+    json = raw ? JSON.parse(raw) : null;
+  } catch {
+    json = null;
+  }
+  if (!response.ok) {
+    const error = new ApiError(response.status, json?.error, raw.slice(0, 300) || response.statusText);
+    if (response.status === 401 && token === undefined) {
+      window.dispatchEvent(new CustomEvent('quiver:unauthenticated'));
+    }
+    throw error;
+  }
+  return json;
+}
+
+/** `GET whoami` with an explicit token (or none): `"admin"` or `"worker"`. */
+export async function whoami(token) {
+  const body = await api('GET', 'whoami', { token: token ?? null });
+  return body?.role;
+}
+
+const enc = encodeURIComponent;
+
+/** The record endpoints. */
+export const servers = {
+  list: () => api('GET', 'mcp/servers', { query: { masked: true } }),
+  get: (id) => api('GET', `mcp/servers/${enc(id)}`, { query: { masked: true } }),
+  save: (record, expectedRevision) =>
+    api('POST', 'mcp/servers', { query: { expected_revision: expectedRevision, masked: true }, body: record }),
+  remove: (id, expectedRevision) =>
+    api('DELETE', `mcp/servers/${enc(id)}`, { query: { expected_revision: expectedRevision } }),
+  history: (id) => api('GET', `mcp/servers/${enc(id)}/history`, { query: { masked: true } }),
+  rollback: (id, revision, expectedRevision) =>
+    api('POST', `mcp/servers/${enc(id)}/rollback`, {
+      query: { masked: true },
+      body: { revision, expected_revision: expectedRevision ?? undefined },
+    }),
+  preview: (record) => api('POST', 'mcp/preview', { body: record }),
+  evaluate: (record, tools) => api('POST', 'mcp/evaluate', { body: { record, tools } }),
+  importFile: (text, { format, strict, contentType }) =>
+    api('POST', 'mcp/import', { query: { format, strict }, text, contentType }),
+  rescan: () => api('POST', 'mcp/rescan'),
+};
+
+/** `GET workers`: `{head_revision, workers: [...]}`. */
+export function workers() {
+  return api('GET', 'workers');
+}

@@ -1,0 +1,221 @@
+// The web admin's shell: sign-in, navigation, client-side routes.
+//
+// Routes (below /admin/): `` and `servers` (list), `servers/new`,
+// `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`.
+
+import { BASE, getToken, setToken, whoami, ApiError } from './api.js';
+import { h, replace, stateBox, confirmDialog } from './dom.js';
+import { serversPage } from './servers.js';
+import { serverPage } from './form.js';
+import { historyPage } from './history.js';
+import { workersPage } from './workers.js';
+import { importPage } from './importer.js';
+
+const root = document.getElementById('app');
+
+const LOGO = `<svg viewBox="0 0 32 32" aria-hidden="true"><rect width="32" height="32" rx="7" fill="#3b5bdb"/><path d="M9 23 L23 9 M23 9 h-7 M23 9 v7" stroke="#fff" stroke-width="2.6" fill="none" stroke-linecap="round" stroke-linejoin="round"/><circle cx="11.5" cy="20.5" r="1.6" fill="#fff"/></svg>`;
+
+function logo() {
+  const span = h('span', { class: 'logo' });
+  span.innerHTML = LOGO; // a constant, not data
+  return span.firstChild;
+}
+
+/** Session: the role of the token in use; `insecure` when the registry needs none. */
+const session = { role: null, insecure: false };
+
+/** The page on screen: `{dispose(), isDirty()}`. */
+let current = null;
+let main = null;
+let nav = null;
+
+/** Path below BASE, without leading/trailing slashes. */
+function routePath() {
+  let path = location.pathname.startsWith(BASE) ? location.pathname.slice(BASE.length) : '';
+  if (location.pathname === BASE.replace(/\/$/, '')) path = '';
+  return path.replace(/^\/+|\/+$/g, '');
+}
+
+/** Goes to `path` (below BASE). Asks first when the page has unsaved changes. */
+async function navigate(path, { replace: replaceState = false, force = false } = {}) {
+  if (!force && current?.isDirty?.()) {
+    const leave = await confirmDialog({
+      title: 'Discard unsaved changes?',
+      body: 'You changed this form without saving. Leaving the page drops those changes.',
+      confirmLabel: 'Discard changes',
+      danger: true,
+    });
+    if (!leave) return;
+  }
+  const url = BASE + path;
+  if (replaceState) history.replaceState(null, '', url);
+  else history.pushState(null, '', url);
+  render();
+}
+
+const context = {
+  get role() { return session.role; },
+  get isAdmin() { return session.role === 'admin'; },
+  navigate,
+  href: (path) => BASE + path,
+};
+
+/** An in-app link. */
+export function link(path, props, ...children) {
+  return h('a', { href: BASE + path, 'data-link': true, ...props }, ...children);
+}
+context.link = link;
+
+function match(path) {
+  const parts = path ? path.split('/').map(decodeURIComponent) : [];
+  if (parts.length === 0 || (parts.length === 1 && parts[0] === 'servers')) return ['servers', () => serversPage(context)];
+  if (parts[0] === 'servers' && parts.length === 2 && parts[1] === 'new') return ['servers', () => serverPage(context, { id: null })];
+  if (parts[0] === 'servers' && parts.length === 2) return ['servers', () => serverPage(context, { id: parts[1] })];
+  if (parts[0] === 'servers' && parts.length === 3 && parts[2] === 'history') return ['servers', () => historyPage(context, { id: parts[1] })];
+  if (parts.length === 1 && parts[0] === 'workers') return ['workers', () => workersPage(context)];
+  if (parts.length === 1 && parts[0] === 'import') return ['import', () => importPage(context)];
+  return ['', () => ({
+    el: stateBox({
+      title: 'Page not found',
+      text: `Nothing lives at ${BASE}${path}.`,
+      actions: [link('servers', { class: 'btn' }, 'Go to servers')],
+      testid: 'not-found',
+    }),
+  })];
+}
+
+function render() {
+  if (!session.role) return;
+  current?.dispose?.();
+  current = null;
+  if (!main) shell();
+  const [section, page] = match(routePath());
+  for (const a of nav.querySelectorAll('a')) a.classList.toggle('active', a.dataset.section === section);
+  let built;
+  try {
+    built = page();
+  } catch (err) {
+    console.error(err);
+    built = { el: stateBox({ title: 'Something went wrong', text: err.message, kind: 'error', testid: 'error-state' }) };
+  }
+  current = built;
+  replace(main, built.el);
+  window.scrollTo(0, 0);
+}
+
+function shell() {
+  const admin = session.role === 'admin';
+  nav = h('nav', { class: 'nav' },
+    link('servers', { dataset: { section: 'servers' }, testid: 'nav-servers' }, 'Servers'),
+    link('workers', { dataset: { section: 'workers' }, testid: 'nav-workers' }, 'Workers'),
+    admin ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null);
+  const roleBadge = session.insecure
+    ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
+    : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },
+      admin ? 'admin' : 'read-only');
+  main = h('main', { id: 'main' });
+  replace(root,
+    h('header', { class: 'topbar' },
+      link('servers', { class: 'brand' }, logo(), 'Quiver', h('small', {}, 'registry admin')),
+      nav,
+      h('div', { class: 'session' },
+        roleBadge,
+        session.insecure ? null : h('button', { type: 'button', class: 'btn btn-small', testid: 'sign-out', onclick: signOut }, 'Sign out'))),
+    main);
+}
+
+function signOut() {
+  setToken(null);
+  session.role = null;
+  current?.dispose?.();
+  current = null;
+  main = null;
+  signIn();
+}
+
+function signIn(notice) {
+  const input = h('input', {
+    type: 'password', id: 'token', testid: 'token-input', autocomplete: 'off', spellcheck: 'false',
+    placeholder: 'admin or worker token', required: true,
+  });
+  const error = h('div', { class: 'banner banner-error', testid: 'sign-in-error', hidden: !notice }, notice ?? '');
+  const button = h('button', { type: 'submit', class: 'btn btn-primary', testid: 'sign-in' }, 'Sign in');
+  const form = h('form', {
+    onsubmit: async (event) => {
+      event.preventDefault();
+      const token = input.value.trim();
+      if (!token) return;
+      button.disabled = true;
+      button.textContent = 'Signing in…';
+      try {
+        const role = await whoami(token);
+        if (role !== 'admin' && role !== 'worker') throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
+        setToken(token);
+        session.role = role;
+        session.insecure = false;
+        render();
+      } catch (err) {
+        error.hidden = false;
+        error.textContent = err.status === 401
+          ? 'This token is not accepted by the registry.'
+          : `Cannot sign in: ${err.message}`;
+        button.disabled = false;
+        button.textContent = 'Sign in';
+        input.select();
+      }
+    },
+  },
+  h('div', { class: 'field' }, h('label', { for: 'token' }, 'Token'), input,
+    h('div', { class: 'hint' }, 'The admin token can change records; the worker token gives a read-only view. It is kept in this tab only (sessionStorage).')),
+  error,
+  button);
+  replace(root,
+    h('div', { class: 'signin-wrap', testid: 'sign-in-page' },
+      h('div', { class: 'signin' },
+        h('div', { class: 'brand' }, logo(), 'Quiver', h('small', {}, 'registry admin')),
+        h('p', {}, 'Sign in with a registry token to manage MCP servers.'),
+        form)));
+  input.focus();
+}
+
+async function boot() {
+  document.addEventListener('click', (event) => {
+    const a = event.target.closest?.('a[data-link]');
+    if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+    event.preventDefault();
+    navigate(a.getAttribute('href').slice(BASE.length));
+  });
+  window.addEventListener('popstate', () => render());
+  window.addEventListener('quiver:unauthenticated', () => {
+    if (!session.role || session.insecure) return;
+    setToken(null);
+    session.role = null;
+    main = null;
+    current?.dispose?.();
+    current = null;
+    signIn('The registry no longer accepts your token. Sign in again.');
+  });
+
+  const token = getToken();
+  try {
+    const role = await whoami(token);
+    session.role = role;
+    session.insecure = !token;
+    render();
+  } catch (err) {
+    if (err.status === 401) {
+      setToken(null);
+      signIn(token ? 'The registry no longer accepts your token. Sign in again.' : null);
+    } else {
+      replace(root, h('main', {}, stateBox({
+        title: 'Cannot reach the registry',
+        text: err.message,
+        kind: 'error',
+        testid: 'error-state',
+        actions: [h('button', { class: 'btn', onclick: () => location.reload() }, 'Retry')],
+      })));
+    }
+  }
+}
+
+boot();

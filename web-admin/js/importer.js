@@ -1,0 +1,161 @@
+// Import a TOML/JSON file of records, and rescan mcp.d (R-UI-2, SPEC §5).
+
+import { servers as serversApi } from './api.js';
+import { h, replace, stateBox, badge } from './dom.js';
+
+const EXAMPLE = `# One record, or several as [[servers]]
+server_id = "filesystem"
+transport = "stdio"
+allowed_tools = ["read_*", "list_*"]
+[stdio]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]`;
+
+export function importPage(ctx) {
+  if (!ctx.isAdmin) {
+    return {
+      el: stateBox({
+        title: 'Import needs the admin token',
+        text: 'You are signed in with the worker token, which can only read.',
+        testid: 'forbidden',
+        actions: [ctx.link('servers', { class: 'btn' }, 'Back to servers')],
+      }),
+    };
+  }
+
+  let fileName = null;
+  const text = h('textarea', { rows: 14, testid: 'import-text', placeholder: EXAMPLE, spellcheck: 'false' });
+  const fileInput = h('input', { type: 'file', accept: '.toml,.json,application/json,application/toml,text/plain', testid: 'import-file', hidden: true });
+  const fileLabel = h('span', { class: 'small muted', testid: 'import-file-name' }, 'No file chosen');
+  const format = h('select', { testid: 'import-format', 'aria-label': 'Format' },
+    h('option', { value: '' }, 'Format: detect'), h('option', { value: 'toml' }, 'TOML'), h('option', { value: 'json' }, 'JSON'));
+  const strict = h('input', { type: 'checkbox', checked: true, testid: 'import-strict' });
+  const importButton = h('button', { type: 'submit', class: 'btn btn-primary', testid: 'import-submit' }, 'Import');
+  const importResult = h('div', { testid: 'import-result-area' });
+  const rescanButton = h('button', { type: 'button', class: 'btn', testid: 'rescan', onclick: () => rescan() }, 'Rescan mcp.d now');
+  const rescanResult = h('div', { testid: 'rescan-result-area' });
+
+  async function readFile(file) {
+    if (!file) return;
+    fileName = file.name;
+    fileLabel.textContent = `${file.name} (${file.size} bytes)`;
+    text.value = await file.text();
+    if (!format.value) {
+      if (file.name.endsWith('.json')) format.value = 'json';
+      else if (file.name.endsWith('.toml')) format.value = 'toml';
+    }
+  }
+  fileInput.addEventListener('change', () => readFile(fileInput.files?.[0]));
+
+  const drop = h('div', { class: 'drop', testid: 'import-drop' },
+    h('div', {}, 'Drop a .toml or .json file here, or '),
+    h('button', { type: 'button', class: 'btn btn-small', testid: 'import-choose', onclick: () => fileInput.click() }, 'Choose a file…'),
+    ' ', fileLabel, fileInput);
+  drop.addEventListener('dragover', (e) => { e.preventDefault(); drop.classList.add('over'); });
+  drop.addEventListener('dragleave', () => drop.classList.remove('over'));
+  drop.addEventListener('drop', (e) => { e.preventDefault(); drop.classList.remove('over'); readFile(e.dataTransfer?.files?.[0]); });
+
+  async function submit(event) {
+    event.preventDefault();
+    const content = text.value;
+    if (!content.trim()) {
+      replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' }, 'Choose a file or paste records first.'));
+      return;
+    }
+    importButton.disabled = true;
+    importButton.textContent = 'Importing…';
+    try {
+      const fmt = format.value || null;
+      const result = await serversApi.importFile(content, {
+        format: fmt ?? undefined,
+        strict: strict.checked ? 'true' : 'false',
+        contentType: fmt === 'json' ? 'application/json' : fmt === 'toml' ? 'application/toml' : 'text/plain',
+      });
+      replace(importResult, importSummary(result));
+    } catch (err) {
+      if (err.status !== 401) {
+        replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' },
+          h('div', { class: 'grow' }, h('b', {}, `Nothing was imported${fileName ? ` from ${fileName}` : ''}: `),
+            err.field ? h('code', {}, err.field) : null, err.field ? ' ' : null, err.message)));
+      }
+    } finally {
+      importButton.disabled = false;
+      importButton.textContent = 'Import';
+    }
+  }
+
+  function importSummary(result) {
+    const results = result?.results ?? [];
+    const counts = {};
+    for (const r of results) counts[r.outcome] = (counts[r.outcome] ?? 0) + 1;
+    return h('div', { testid: 'import-result' },
+      h('div', { class: 'counts' }, Object.entries(counts).map(([outcome, n]) => badge(`${n} ${outcome}`, outcome, { testid: 'import-count', dataset: { outcome } }))),
+      h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {}, h('th', {}, 'Server'), h('th', {}, 'Outcome'), h('th', { class: 'num' }, 'Revision'), h('th', {}, 'Notes'))),
+        h('tbody', {}, results.map((r) => h('tr', { testid: 'import-row', dataset: { serverId: r.server_id, outcome: r.outcome } },
+          h('td', {}, r.outcome === 'failed' ? h('span', { class: 'mono' }, r.server_id) : ctx.link(`servers/${encodeURIComponent(r.server_id)}`, { class: 'mono' }, r.server_id)),
+          h('td', {}, badge(r.outcome, r.outcome)),
+          h('td', { class: 'num mono' }, r.revision ?? '—'),
+          h('td', { class: r.error ? 'err' : 'small muted' },
+            r.error ?? (r.ignored_fields?.length ? `Ignored unknown fields: ${r.ignored_fields.join(', ')}` : '—'))))))));
+  }
+
+  async function rescan() {
+    rescanButton.disabled = true;
+    rescanButton.textContent = 'Rescanning…';
+    try {
+      const result = await serversApi.rescan();
+      replace(rescanResult, rescanSummary(result));
+    } catch (err) {
+      if (err.status !== 401) {
+        replace(rescanResult, h('div', { class: `banner ${err.status === 412 ? 'banner-warn' : 'banner-error'}`, testid: 'rescan-error' },
+          h('div', { class: 'grow' }, h('b', {}, err.status === 412 ? 'No rescan: ' : 'Rescan failed: '), err.message)));
+      }
+    } finally {
+      rescanButton.disabled = false;
+      rescanButton.textContent = 'Rescan mcp.d now';
+    }
+  }
+
+  function rescanSummary(result) {
+    const kinds = [['created', 'created'], ['updated', 'updated'], ['deleted', 'deleted'], ['unchanged', ''], ['skipped', ''], ['kept', 'warn']];
+    const failed = result?.failed ?? [];
+    const errors = result?.errors ?? [];
+    const warnings = result?.warnings ?? [];
+    const records = result?.records ?? [];
+    return h('div', { testid: 'rescan-result' },
+      h('div', { class: 'counts' },
+        kinds.map(([key, kind]) => badge(`${result?.[key] ?? 0} ${key}`, (result?.[key] ?? 0) > 0 ? kind : '', { testid: 'rescan-count', dataset: { kind: key, count: String(result?.[key] ?? 0) } })),
+        badge(`${failed.length} failed`, failed.length ? 'failed' : '', { testid: 'rescan-count', dataset: { kind: 'failed', count: String(failed.length) } })),
+      h('div', { class: 'small muted' }, `${records.length} record${records.length === 1 ? '' : 's'} declared by valid files`,
+        records.length ? `: ${records.map((r) => `${r.server_id} (${r.file})`).join(', ')}` : ''),
+      errors.length ? h('div', { class: 'banner banner-error', testid: 'rescan-file-errors' }, h('div', { class: 'grow' },
+        h('b', {}, 'Invalid files (their records are kept as they were):'),
+        h('ul', {}, errors.map((e) => h('li', {}, h('code', {}, e.file), ` ${e.message}`))))) : null,
+      failed.length ? h('div', { class: 'banner banner-error' }, h('div', { class: 'grow' },
+        h('b', {}, 'Failed:'), h('ul', {}, failed.map((f) => h('li', {}, h('code', {}, f.server_id), ` ${f.error}`))))) : null,
+      warnings.length ? h('div', { class: 'banner banner-warn' }, h('div', { class: 'grow' },
+        h('b', {}, 'Warnings:'), h('ul', {}, warnings.map((w) => h('li', {}, w))))) : null);
+  }
+
+  const el = h('div', { testid: 'import-page' },
+    h('div', { class: 'page-head' },
+      h('div', {}, h('h1', {}, 'Import & rescan'),
+        h('div', { class: 'sub' }, 'Bring records in from a file, or re-read the registry\'s mcp.d directory.'))),
+    h('div', { class: 'import-grid' },
+      h('section', { class: 'card' },
+        h('div', { class: 'card-head' }, h('h2', {}, 'Import a file')),
+        h('p', { class: 'desc' }, 'A TOML or JSON document with one record or a [[servers]] list, in the mcp.d format. Every record is validated before any is written; imported records are admin-managed.'),
+        h('form', { onsubmit: submit, class: 'rows' },
+          drop,
+          h('div', { class: 'field' }, h('label', {}, 'Content'), text),
+          h('div', { class: 'row' }, format, h('label', { class: 'check' }, strict, 'Strict: unknown fields are errors'), h('span', { style: null }), importButton)),
+        importResult),
+      h('section', { class: 'card' },
+        h('div', { class: 'card-head' }, h('h2', {}, 'Rescan mcp.d')),
+        h('p', { class: 'desc' }, 'Reads the registry\'s mcp.d directory now (it is also read on a timer and on SIGHUP). File-managed records are created, updated or deleted to match the files; admin and API records are never touched.'),
+        rescanButton,
+        rescanResult)));
+
+  return { el };
+}
