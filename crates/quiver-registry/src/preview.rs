@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use quiver_mcp::Tool;
-use quiver_mcp::launch::process_env;
+use quiver_mcp::launch::EnvLookup;
 use quiver_mcp::probe::probe;
 use quiver_model::policy::{
     CompiledTaskPolicy, Decision, RejectReason, ServerToolFilter, evaluate_tools,
@@ -162,13 +162,17 @@ pub fn evaluate<'a>(
 /// The connection runs in a task of its own, so a client that hangs up does
 /// not cut the clean-up short: the stdio child's process group is always
 /// ended before the task finishes.
-pub async fn preview(spec: McpServerSpec, timeout: Duration) -> Result<Preview, RegistryError> {
+pub async fn preview(
+    spec: McpServerSpec,
+    env: EnvLookup,
+    timeout: Duration,
+) -> Result<Preview, RegistryError> {
     let http = reqwest::Client::builder()
         .build()
         .map_err(|err| RegistryError::Internal(format!("cannot build an http client: {err}")))?;
     let probing = {
         let spec = spec.clone();
-        tokio::spawn(async move { probe(&spec, &process_env(), http, timeout).await })
+        tokio::spawn(async move { probe(&spec, &env, http, timeout).await })
     };
     let found = probing
         .await

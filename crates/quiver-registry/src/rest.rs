@@ -474,7 +474,8 @@ async fn preview_tools(
         actor = %caller.actor,
         "mcp server preview"
     );
-    let preview = preview::preview(spec, state.preview_timeout()).await?;
+    let preview =
+        preview::preview(spec, state.preview_env().clone(), state.preview_timeout()).await?;
     Ok(axum::Json(preview).into_response())
 }
 

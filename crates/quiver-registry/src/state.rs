@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quiver_bootstrap::{ApplyReport, Scan};
+use quiver_mcp::launch::{EnvLookup, process_env};
 use quiver_model::{HistoryEntry, McpServerSpec, Strictness};
 use quiver_store::{DeleteRequest, Store, UpsertOutcome, UpsertRequest};
 use tokio::sync::Mutex;
@@ -50,6 +51,24 @@ pub struct RegistryState {
     /// Serialises rescans (SIGHUP, timer and REST may overlap).
     rescan_lock: Arc<Mutex<()>>,
     preview_timeout: Duration,
+    preview_env: PreviewEnv,
+}
+
+/// Where a tool preview's `${ENV:…}` references and the stdio child's base
+/// environment come from: the registry's own environment by default.
+#[derive(Clone)]
+pub struct PreviewEnv(pub EnvLookup);
+
+impl Default for PreviewEnv {
+    fn default() -> Self {
+        PreviewEnv(process_env())
+    }
+}
+
+impl std::fmt::Debug for PreviewEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreviewEnv(..)")
+    }
 }
 
 /// Result of one `mcp.d` rescan.
@@ -77,7 +96,19 @@ impl RegistryState {
             mcp_dir,
             rescan_lock: Arc::new(Mutex::new(())),
             preview_timeout: PREVIEW_TIMEOUT,
+            preview_env: PreviewEnv::default(),
         }
+    }
+
+    /// The same state with another environment for tool previews.
+    pub fn with_preview_env(mut self, env: PreviewEnv) -> Self {
+        self.preview_env = env;
+        self
+    }
+
+    /// The environment tool previews resolve and launch with.
+    pub fn preview_env(&self) -> &EnvLookup {
+        &self.preview_env.0
     }
 
     /// The same state with another bound on tool previews than

@@ -13,7 +13,7 @@ use clap::Args;
 use quiver_mcp::PoolOptions;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
-use quiver_registry::state::McpDir;
+use quiver_registry::state::{McpDir, PreviewEnv};
 use quiver_registry::{Registry, RegistryOptions};
 use quiver_sync::SyncOptions;
 use quiver_worker::audit::AuditOptions;
@@ -98,6 +98,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             }),
             rescan_interval: Some(Duration::from_secs(5)),
             metrics: Some(metrics.clone()),
+            preview_env: PreviewEnv(env_with_own_dir_on_path()),
             ..Default::default()
         },
         shutdown.clone(),
