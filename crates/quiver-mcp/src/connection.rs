@@ -113,6 +113,8 @@ pub struct ConnectSettings {
     pub http: reqwest::Client,
     /// Parallel requests one HTTP connection may carry.
     pub max_concurrent_requests: usize,
+    /// Hosts the HTTP transports may connect to (checked before connecting).
+    pub egress: crate::egress::EgressPolicy,
 }
 
 /// A connected, initialized MCP client.
@@ -146,13 +148,17 @@ impl Connection {
             match launch {
                 Launch::Stdio(stdio) => Self::open_stdio(stdio, stderr).await,
                 Launch::StreamableHttp(http) => {
-                    let transport = streamable_http(http, settings)?;
+                    let url = parse_url(&http.url)?;
+                    let client = settings.egress.client_for(&url, &settings.http).await?;
+                    let transport = streamable_http(http, client, settings)?;
                     Ok((serve(client_info().serve(transport)).await?, None))
                 }
                 Launch::LegacySse(http) => {
+                    let url = parse_url(&http.url)?;
+                    let client = settings.egress.client_for(&url, &settings.http).await?;
                     let transport = crate::legacy_sse::LegacySseClientTransport::connect(
-                        settings.http.clone(),
-                        parse_url(&http.url)?,
+                        client,
+                        url,
                         header_map(&http.headers)?,
                         deadline,
                     )
@@ -316,6 +322,7 @@ fn header_map(
 
 fn streamable_http(
     http: &HttpLaunch,
+    client: reqwest::Client,
     settings: &ConnectSettings,
 ) -> Result<StreamableHttpClientTransport<reqwest::Client>, McpError> {
     let mut config = StreamableHttpClientTransportConfig::with_uri(http.url.clone());
@@ -324,8 +331,5 @@ fn streamable_http(
         .filter_map(|(k, v)| Some((k?, v)))
         .collect();
     config.max_concurrent_requests = settings.max_concurrent_requests.max(1);
-    Ok(StreamableHttpClientTransport::with_client(
-        settings.http.clone(),
-        config,
-    ))
+    Ok(StreamableHttpClientTransport::with_client(client, config))
 }

@@ -13,6 +13,10 @@ pub enum McpError {
     /// The arguments were rejected (not a JSON object, or refused by the server as invalid params).
     #[error("{0}")]
     InvalidArguments(String),
+    /// The record's URL is refused by the egress allowlist (nothing was
+    /// connected); the message names the host and how to allow it.
+    #[error("{0}")]
+    EgressDenied(String),
     /// The server answered with a JSON-RPC error other than invalid params.
     #[error("{0}")]
     Protocol(String),
@@ -25,6 +29,7 @@ impl McpError {
             McpError::Unavailable(_) | McpError::Protocol(_) => "mcp_unavailable",
             McpError::Timeout(_) => "mcp_timeout",
             McpError::InvalidArguments(_) => "mcp_invalid_arguments",
+            McpError::EgressDenied(_) => "mcp_policy_denied",
         }
     }
 

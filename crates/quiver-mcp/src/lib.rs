@@ -4,6 +4,7 @@
 //! implemented here as an rmcp transport, since rmcp no longer ships one).
 
 pub mod connection;
+pub mod egress;
 mod error;
 pub mod launch;
 pub mod legacy_sse;

@@ -48,8 +48,11 @@ pub struct PoolOptions {
     pub restart_backoff_max: Duration,
     /// Where `${ENV:…}` and the children's base environment come from.
     pub env: EnvLookup,
-    /// HTTP client of the HTTP transports.
+    /// HTTP client of the HTTP transports (build it from
+    /// [`crate::egress::http_client_builder`]: no redirects).
     pub http: reqwest::Client,
+    /// Hosts the HTTP transports may connect to (default: all).
+    pub egress: crate::egress::EgressPolicy,
 }
 
 impl Default for PoolOptions {
@@ -64,7 +67,12 @@ impl Default for PoolOptions {
             restart_backoff_min: Duration::from_millis(250),
             restart_backoff_max: Duration::from_secs(30),
             env: process_env(),
-            http: reqwest::Client::new(),
+            // Only fails where `reqwest::Client::new()` would panic (no TLS
+            // backend); that client is the fallback.
+            http: crate::egress::http_client_builder()
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new()),
+            egress: crate::egress::EgressPolicy::default(),
         }
     }
 }
@@ -126,7 +134,7 @@ struct Slot {
     backoff: Option<backon::ExponentialBackoff>,
     /// No new connect attempt before this instant.
     retry_at: Option<Instant>,
-    last_error: Option<String>,
+    last_error: Option<McpError>,
     connects: u64,
 }
 
@@ -151,7 +159,8 @@ struct Entry {
 impl Entry {
     fn new(server: Arc<StoredServer>, options: &PoolOptions) -> Self {
         Entry {
-            launch: launch(&server.spec, &options.env),
+            launch: launch(&server.spec, &options.env)
+                .and_then(|launch| options.egress.check_launch(&launch).map(|()| launch)),
             calls: ArcSwap::from_pointee(call_slots(&server.spec)),
             server: ArcSwap::new(server),
             slot: tokio::sync::Mutex::new(Slot::default()),
@@ -228,6 +237,18 @@ struct PoolInner {
     shutdown: CancellationToken,
 }
 
+impl PoolInner {
+    fn child_processes(&self) -> usize {
+        self.options.max_child_processes.max(1) - self.children.available_permits()
+    }
+
+    /// Sets `mcp_child_processes` to the children alive now; called wherever
+    /// a child slot is taken or may have been given back.
+    fn update_child_gauge(&self) {
+        metrics::gauge!("mcp_child_processes").set(self.child_processes() as f64);
+    }
+}
+
 /// Handle to the pool; cheap to clone.
 #[derive(Clone)]
 pub struct McpPool {
@@ -289,7 +310,7 @@ impl McpPool {
             self.reconcile(&mut entries, server)
         };
         if let Some(retired) = retired {
-            retire(retired);
+            retire(retired, Arc::downgrade(&self.inner));
         }
         entry
     }
@@ -343,7 +364,10 @@ impl McpPool {
                 }
             }
         }
-        retired.into_iter().for_each(retire);
+        let pool = Arc::downgrade(&self.inner);
+        for entry in retired {
+            retire(entry, pool.clone());
+        }
     }
 
     /// Returns the live connection of `entry`, opening one if needed.
@@ -368,12 +392,18 @@ impl McpPool {
         if let Some(retry_at) = slot.retry_at
             && Instant::now() < retry_at
         {
+            // A refusal by the egress allowlist keeps its code while backing off.
+            if let Some(denied @ McpError::EgressDenied(_)) = &slot.last_error {
+                return Err(denied.clone());
+            }
             return Err(McpError::Unavailable(format!(
                 "server is restarting after failures (retry in {} ms): {}",
                 retry_at
                     .saturating_duration_since(Instant::now())
                     .as_millis(),
-                slot.last_error.as_deref().unwrap_or("unknown error")
+                slot.last_error
+                    .as_ref()
+                    .map_or_else(|| "unknown error".to_owned(), ToString::to_string)
             )));
         }
         let child_slot = match launch {
@@ -391,9 +421,12 @@ impl McpPool {
             initialize_timeout: self.inner.options.initialize_timeout,
             http: self.inner.options.http.clone(),
             max_concurrent_requests: entry.server.load().spec.budgets.max_concurrency as usize,
+            egress: self.inner.options.egress.clone(),
         };
         let server_id = &entry.server_id();
-        match Connection::open(launch, &settings, &entry.stderr, child_slot).await {
+        let opened = Connection::open(launch, &settings, &entry.stderr, child_slot).await;
+        self.inner.update_child_gauge();
+        match opened {
             Ok(connection) => {
                 let connection = Arc::new(connection);
                 slot.connects += 1;
@@ -416,7 +449,7 @@ impl McpPool {
                     .next()
                     .unwrap_or(options.restart_backoff_max);
                 slot.retry_at = Some(Instant::now() + delay);
-                slot.last_error = Some(err.to_string());
+                slot.last_error = Some(err.clone());
                 entry.set_error(&err);
                 tracing::warn!(server_id = %server_id, failures = slot.failures, error = %err, "mcp server connect failed");
                 Err(err)
@@ -434,10 +467,13 @@ impl McpPool {
     pub async fn list_tools(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {
         let entry = self.entry(server);
         let options = &self.inner.options;
+        let fetched = std::sync::atomic::AtomicBool::new(false);
         let fetch = {
             let entry = entry.clone();
             let pool = self.clone();
+            let fetched = &fetched;
             async move {
+                fetched.store(true, Ordering::Relaxed);
                 let connection = pool.connection(&entry).await?;
                 entry.touch();
                 match connection.peer().list_all_tools().await {
@@ -446,6 +482,8 @@ impl McpPool {
                         let err = map_service_error(err, 0);
                         if connection.is_closed() {
                             entry.discard(&connection).await;
+                            drop(connection);
+                            pool.inner.update_child_gauge();
                         }
                         entry.set_error(&err);
                         Err(err)
@@ -453,10 +491,19 @@ impl McpPool {
                 }
             }
         };
-        entry
+        let result = entry
             .tools
             .get_or_fetch(options.tools_ttl, options.tools_negative_ttl, fetch)
-            .await
+            .await;
+        let server_id = entry.server_id();
+        if fetched.load(Ordering::Relaxed) {
+            metrics::counter!("mcp_tools_list_cache_misses_total", "server_id" => server_id)
+                .increment(1);
+        } else {
+            metrics::counter!("mcp_tools_list_cache_hits_total", "server_id" => server_id)
+                .increment(1);
+        }
+        result
     }
 
     /// Calls a tool within the server's budgets: the worker-wide in-flight
@@ -477,7 +524,7 @@ impl McpPool {
             // Waiting for room counts against the same budget as the call.
             let permits = tokio::time::timeout(
                 timeout,
-                acquire_both(&self.inner.inflight, &entry.calls.load_full()),
+                acquire_both(&self.inner.inflight, &entry.calls.load_full(), &server_id),
             )
             .await
             .map_err(|_| {
@@ -502,6 +549,8 @@ impl McpPool {
                     let err = map_service_error(err, budgets.tool_timeout_ms);
                     if connection.is_closed() {
                         entry.discard(&connection).await;
+                        drop(connection);
+                        self.inner.update_child_gauge();
                     }
                     Err(err)
                 }
@@ -514,6 +563,10 @@ impl McpPool {
                 let output = enforce_cap(&mut result, budgets.max_tool_output_bytes as usize);
                 entry.record_latency(duration);
                 entry.recent_failures.store(0, Ordering::Relaxed);
+                if output.truncated() {
+                    metrics::counter!("mcp_tool_output_truncated_total", "server_id" => server_id.clone(), "tool" => tool.to_owned())
+                        .increment(1);
+                }
                 metrics::histogram!("mcp_tool_call_output_bytes", "server_id" => server_id, "tool" => tool.to_owned())
                     .record(output.original as f64);
                 Ok(CallOutcome {
@@ -578,7 +631,7 @@ impl McpPool {
 
     /// Number of stdio children alive.
     pub fn child_processes(&self) -> usize {
-        self.inner.options.max_child_processes.max(1) - self.inner.children.available_permits()
+        self.inner.child_processes()
     }
 
     /// Closes every connection and kills every child process group.
@@ -590,30 +643,49 @@ impl McpPool {
             connection.map(|connection| async move { connection.close().await })
         });
         futures::future::join_all(closing).await;
+        self.inner.update_child_gauge();
     }
 }
 
 /// Closes a replaced or removed entry's connection once the calls in flight
 /// on it are done, so they are never cut off.
-fn retire(entry: Arc<Entry>) {
+fn retire(entry: Arc<Entry>, pool: std::sync::Weak<PoolInner>) {
     tokio::spawn(async move {
         let connection = entry.live.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(connection) = connection {
             let calls = entry.calls.load_full();
             let all = (entry.server.load().spec.budgets.max_concurrency).max(1);
-            let _drained = calls.acquire_many(all).await;
+            let drained = calls.acquire_many(all).await;
             connection.close().await;
+            // The child slot is given back when the last handle goes.
+            drop((connection, drained, entry));
+            if let Some(pool) = pool.upgrade() {
+                pool.update_child_gauge();
+            }
         }
     });
 }
 
+/// Takes the server's `max_concurrency` permit, then a worker-wide in-flight
+/// permit, recording the wait for each in `mcp_semaphore_wait_ms`
+/// (`semaphore` = `server` or `worker`). A wait cut short by the call's
+/// timeout is not recorded (the call's error is counted instead).
 async fn acquire_both(
     inflight: &Arc<Semaphore>,
     calls: &Arc<Semaphore>,
+    server_id: &str,
 ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), McpError> {
     let closed = |_| McpError::Unavailable("worker is shutting down".into());
+    let waited = |started: Instant, semaphore: &'static str| {
+        metrics::histogram!("mcp_semaphore_wait_ms", "server_id" => server_id.to_owned(), "semaphore" => semaphore)
+            .record(started.elapsed().as_secs_f64() * 1000.0);
+    };
+    let started = Instant::now();
     let server = calls.clone().acquire_owned().await.map_err(closed)?;
+    waited(started, "server");
+    let started = Instant::now();
     let worker = inflight.clone().acquire_owned().await.map_err(closed)?;
+    waited(started, "worker");
     Ok((server, worker))
 }
 
@@ -671,6 +743,8 @@ async fn reap_idle(pool: std::sync::Weak<PoolInner>, idle: Duration, shutdown: C
             if let Some(connection) = connection {
                 tracing::info!(server_id = %entry.server_id(), "closing idle mcp connection");
                 connection.close().await;
+                drop(connection);
+                pool.update_child_gauge();
             }
         }
     }

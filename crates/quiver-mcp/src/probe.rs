@@ -11,6 +11,7 @@ use rmcp::model::{Implementation, Tool};
 use tokio::time::timeout_at;
 
 use crate::connection::{ConnectSettings, Connection, StderrTail};
+use crate::egress::EgressPolicy;
 use crate::launch::{EnvLookup, launch};
 
 /// How long a failed or closed stdio child's last stderr lines are awaited.
@@ -101,10 +102,24 @@ pub async fn probe(
     http: reqwest::Client,
     deadline: Duration,
 ) -> Result<Probe, ProbeError> {
+    probe_with_egress(spec, env, http, &EgressPolicy::default(), deadline).await
+}
+
+/// [`probe`] under an egress allowlist. Nothing refused is connected to: a
+/// URL refused by its host alone fails at [`ProbeStep::Launch`], a host name
+/// whose resolved addresses are refused at [`ProbeStep::Initialize`].
+pub async fn probe_with_egress(
+    spec: &McpServerSpec,
+    env: &EnvLookup,
+    http: reqwest::Client,
+    egress: &EgressPolicy,
+    deadline: Duration,
+) -> Result<Probe, ProbeError> {
     let started = Instant::now();
     let until = tokio::time::Instant::now() + deadline;
     let stderr = StderrTail::default();
-    let launch = launch(spec, env).map_err(|err| ProbeError::Unavailable {
+    let launch = launch(spec, env).and_then(|launch| egress.check_launch(&launch).map(|()| launch));
+    let launch = launch.map_err(|err| ProbeError::Unavailable {
         step: ProbeStep::Launch,
         message: err.to_string(),
         stderr_tail: Vec::new(),
@@ -115,6 +130,7 @@ pub async fn probe(
         initialize_timeout: deadline + Duration::from_secs(1),
         http,
         max_concurrent_requests: 1,
+        egress: egress.clone(),
     };
     let timeout = |step, stderr_tail| ProbeError::Timeout {
         step,

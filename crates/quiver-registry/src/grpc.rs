@@ -191,6 +191,8 @@ impl McpRegistryService for GrpcService {
         if report.worker_id.trim().is_empty() || report.worker_id.len() > 256 {
             return Err(RegistryError::invalid("worker_id", "must be 1 to 256 characters").into());
         }
+        let worker_id = report.worker_id.clone();
+        let snapshot_revision = report.snapshot_revision;
         self.state.workers.report(WorkerStatus {
             worker_id: report.worker_id,
             snapshot_revision: report.snapshot_revision,
@@ -210,6 +212,10 @@ impl McpRegistryService for GrpcService {
             reported_at: chrono::Utc::now(),
         });
         let head = self.state.store.head().await.map_err(RegistryError::from)?;
+        metrics::gauge!("quiver_registry_worker_snapshot_revision", "worker_id" => worker_id.clone())
+            .set(snapshot_revision as f64);
+        metrics::gauge!("quiver_registry_worker_lag", "worker_id" => worker_id)
+            .set(head.revision.saturating_sub(snapshot_revision) as f64);
         Ok(Response::new(pb::ReportWorkerStatusResponse {
             head_revision: head.revision,
         }))

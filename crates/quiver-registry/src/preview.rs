@@ -21,13 +21,16 @@
 //! gives children), `${ENV:…}` references resolve against the registry
 //! process's variables, and URLs are reached from the registry's network. A
 //! record can therefore preview differently from how it runs on workers.
+//! HTTP URLs are held to the registry's egress allowlist
+//! (`--egress-allow-host` / `--egress-allow-cidr`), like workers to theirs.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use quiver_mcp::Tool;
+use quiver_mcp::egress::EgressPolicy;
 use quiver_mcp::launch::EnvLookup;
-use quiver_mcp::probe::probe;
+use quiver_mcp::probe::probe_with_egress;
 use quiver_model::policy::{
     CompiledTaskPolicy, Decision, RejectReason, ServerToolFilter, evaluate_tools,
 };
@@ -165,14 +168,15 @@ pub fn evaluate<'a>(
 pub async fn preview(
     spec: McpServerSpec,
     env: EnvLookup,
+    egress: EgressPolicy,
     timeout: Duration,
 ) -> Result<Preview, RegistryError> {
-    let http = reqwest::Client::builder()
+    let http = quiver_mcp::egress::http_client_builder()
         .build()
         .map_err(|err| RegistryError::Internal(format!("cannot build an http client: {err}")))?;
     let probing = {
         let spec = spec.clone();
-        tokio::spawn(async move { probe(&spec, &env, http, timeout).await })
+        tokio::spawn(async move { probe_with_egress(&spec, &env, http, &egress, timeout).await })
     };
     let found = probing
         .await

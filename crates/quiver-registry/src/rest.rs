@@ -474,8 +474,13 @@ async fn preview_tools(
         actor = %caller.actor,
         "mcp server preview"
     );
-    let preview =
-        preview::preview(spec, state.preview_env().clone(), state.preview_timeout()).await?;
+    let preview = preview::preview(
+        spec,
+        state.preview_env().clone(),
+        state.preview_egress().clone(),
+        state.preview_timeout(),
+    )
+    .await?;
     Ok(axum::Json(preview).into_response())
 }
 

@@ -51,6 +51,9 @@ pub struct RegistryOptions {
     /// The environment of tool previews (`quiver dev` adds its own binary's
     /// directory to `PATH`, as it does for its worker).
     pub preview_env: PreviewEnv,
+    /// Hosts tool previews may connect to over HTTP (the workers' egress
+    /// allowlist; default: all).
+    pub preview_egress: quiver_mcp::egress::EgressPolicy,
 }
 
 impl Default for RegistryOptions {
@@ -66,6 +69,7 @@ impl Default for RegistryOptions {
             shutdown_grace: Duration::from_secs(10),
             metrics: None,
             preview_env: PreviewEnv::default(),
+            preview_egress: quiver_mcp::egress::EgressPolicy::default(),
         }
     }
 }
@@ -121,7 +125,8 @@ impl Registry {
         let auth = Authenticator::new(&options.auth, &addrs)?;
         let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
-            .with_preview_env(options.preview_env.clone());
+            .with_preview_env(options.preview_env.clone())
+            .with_preview_egress(options.preview_egress.clone());
         if state.has_mcp_dir() {
             state.rescan().await?;
         }

@@ -52,6 +52,7 @@ pub struct RegistryState {
     rescan_lock: Arc<Mutex<()>>,
     preview_timeout: Duration,
     preview_env: PreviewEnv,
+    preview_egress: quiver_mcp::egress::EgressPolicy,
 }
 
 /// Where a tool preview's `${ENV:…}` references and the stdio child's base
@@ -97,6 +98,7 @@ impl RegistryState {
             rescan_lock: Arc::new(Mutex::new(())),
             preview_timeout: PREVIEW_TIMEOUT,
             preview_env: PreviewEnv::default(),
+            preview_egress: quiver_mcp::egress::EgressPolicy::default(),
         }
     }
 
@@ -104,6 +106,17 @@ impl RegistryState {
     pub fn with_preview_env(mut self, env: PreviewEnv) -> Self {
         self.preview_env = env;
         self
+    }
+
+    /// The same state with an egress allowlist for tool previews.
+    pub fn with_preview_egress(mut self, egress: quiver_mcp::egress::EgressPolicy) -> Self {
+        self.preview_egress = egress;
+        self
+    }
+
+    /// The egress allowlist tool previews connect under.
+    pub fn preview_egress(&self) -> &quiver_mcp::egress::EgressPolicy {
+        &self.preview_egress
     }
 
     /// The environment tool previews resolve and launch with.
@@ -192,7 +205,11 @@ impl RegistryState {
     pub async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, RegistryError> {
         let actor = request.actor.clone();
         let source = request.source.to_string();
-        let outcome = self.store.upsert(request).await?;
+        let outcome = self
+            .store
+            .upsert(request)
+            .await
+            .map_err(|err| count_write_error(err.into()))?;
         if !matches!(outcome, UpsertOutcome::Unchanged(_)) {
             let server = outcome.server();
             metrics::counter!("quiver_registry_upserts_total").increment(1);
@@ -213,7 +230,11 @@ impl RegistryState {
     pub async fn delete(&self, request: DeleteRequest) -> Result<u64, RegistryError> {
         let actor = request.actor.clone();
         let server_id = request.server_id.clone();
-        let revision = self.store.delete(request).await?;
+        let revision = self
+            .store
+            .delete(request)
+            .await
+            .map_err(|err| count_write_error(err.into()))?;
         metrics::counter!("quiver_registry_deletes_total").increment(1);
         tracing::info!(
             target: "quiver::audit",
@@ -271,4 +292,12 @@ pub fn actor_name(supplied: Option<&str>, fallback: &str) -> String {
         }
         _ => fallback.to_owned(),
     }
+}
+
+/// Counts a failed store write (a conflict, a refused record, the database
+/// being unavailable…) in `quiver_registry_write_errors_total{code}`.
+fn count_write_error(err: RegistryError) -> RegistryError {
+    metrics::counter!("quiver_registry_write_errors_total", "code" => err.code().as_str())
+        .increment(1);
+    err
 }

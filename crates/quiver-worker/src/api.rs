@@ -231,7 +231,14 @@ async fn call(
             axum::Json(body).into_response()
         }
         Err(err) => {
-            tracing::debug!(name = %request.name, elapsed_ms = started.elapsed().as_millis() as u64, error = %err, "tool call failed");
+            // Argument errors may quote the caller's values (secrets among
+            // them): their code is logged, their text only goes to the caller.
+            let detail = match &err {
+                CallError::InvalidArguments(_)
+                | CallError::Mcp(McpError::InvalidArguments(_) | McpError::Protocol(_)) => None,
+                other => Some(other.to_string()),
+            };
+            tracing::debug!(name = %request.name, elapsed_ms = started.elapsed().as_millis() as u64, code = err.code(), error = detail.as_deref(), "tool call failed");
             let status = match &err {
                 CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => {
                     StatusCode::FORBIDDEN
@@ -239,6 +246,7 @@ async fn call(
                 CallError::InvalidArguments(_) => StatusCode::BAD_REQUEST,
                 CallError::Mcp(McpError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
                 CallError::Mcp(McpError::InvalidArguments(_)) => StatusCode::BAD_REQUEST,
+                CallError::Mcp(McpError::EgressDenied(_)) => StatusCode::FORBIDDEN,
                 CallError::Mcp(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
             error_response(status, err.code(), err.to_string(), err.retryable())

@@ -31,6 +31,9 @@ pub struct RegistryFile {
     pub heartbeat_secs: Option<u64>,
     /// Change-log rows kept behind head (0 keeps everything).
     pub change_log_retention: Option<u64>,
+    /// Egress allowlist of tool previews.
+    #[serde(default)]
+    pub egress: EgressSection,
     /// `mcp.d` settings.
     #[serde(default)]
     pub mcp: McpSection,
@@ -71,6 +74,9 @@ pub struct WorkerFile {
     /// Audit log settings.
     #[serde(default)]
     pub audit: AuditSection,
+    /// Egress allowlist of the HTTP transports.
+    #[serde(default)]
+    pub egress: EgressSection,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
@@ -144,6 +150,106 @@ pub struct CallerEntry {
     pub task: String,
 }
 
+/// `[egress]` of the worker and registry configs: the hosts HTTP MCP
+/// servers may be reached on. Both lists empty (the default) allow every
+/// host.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSection {
+    /// Host name globs (`api.example.com`, `*.corp.example`).
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// CIDR blocks every resolved address must lie in (`10.0.0.0/8`).
+    #[serde(default)]
+    pub allow_cidrs: Vec<String>,
+}
+
+/// A token file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    /// The file cannot be read.
+    #[error("{flag} {path}: cannot read the token file: {source}")]
+    Unreadable {
+        /// The flag that named the file.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file holds nothing but whitespace.
+    #[error("{flag} {path}: the token file is empty")]
+    Empty {
+        /// The flag that named the file.
+        flag: &'static str,
+        /// The file.
+        path: String,
+    },
+    /// Both the token and the file naming it are set.
+    #[error("set only one of {flag} and {token_flag}")]
+    Both {
+        /// The file flag.
+        flag: &'static str,
+        /// The token flag.
+        token_flag: &'static str,
+    },
+}
+
+/// Reads the token in `path` (surrounding whitespace trimmed), for `flag`.
+pub fn read_token_file(flag: &'static str, path: &Path) -> Result<String, TokenFileError> {
+    let display = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Unreadable {
+        flag,
+        path: display.clone(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(TokenFileError::Empty {
+            flag,
+            path: display,
+        });
+    }
+    Ok(token.to_owned())
+}
+
+/// Reads the tokens in `path`, one per line (blank lines and lines starting
+/// with `#` skipped), for `flag`.
+pub fn read_token_lines(flag: &'static str, path: &Path) -> Result<Vec<String>, TokenFileError> {
+    let text = read_token_file(flag, path)?;
+    let tokens: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if tokens.is_empty() {
+        return Err(TokenFileError::Empty {
+            flag,
+            path: path.display().to_string(),
+        });
+    }
+    Ok(tokens)
+}
+
+/// The token from `token` (flag or env) or from the file `file` names;
+/// setting both is an error.
+pub fn token_or_file(
+    token: Option<String>,
+    token_flag: &'static str,
+    file: Option<&Path>,
+    file_flag: &'static str,
+) -> Result<Option<String>, TokenFileError> {
+    match (token, file) {
+        (Some(_), Some(_)) => Err(TokenFileError::Both {
+            flag: file_flag,
+            token_flag,
+        }),
+        (token, None) => Ok(token),
+        (None, Some(path)) => read_token_file(file_flag, path).map(Some),
+    }
+}
+
 /// `[mcp]` of the registry config.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -199,9 +305,38 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/worker.toml");
         let config: WorkerFile = load(Some(&path)).unwrap();
         assert!(!config.callers.is_empty());
+        quiver_mcp::egress::EgressPolicy::new(
+            &config.egress.allow_hosts,
+            &config.egress.allow_cidrs,
+        )
+        .unwrap();
         for task in config.tasks.values() {
             task.compile().unwrap();
         }
+    }
+
+    #[test]
+    fn token_files_are_trimmed_and_errors_name_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("token");
+        std::fs::write(&good, "  s3cret\n").unwrap();
+        assert_eq!(read_token_file("--token-file", &good).unwrap(), "s3cret");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, " \n").unwrap();
+        let err = read_token_file("--token-file", &empty).unwrap_err();
+        assert!(err.to_string().starts_with("--token-file "), "{err}");
+        assert!(err.to_string().contains("empty"), "{err}");
+        let err = read_token_file("--admin-token-file", &dir.path().join("missing")).unwrap_err();
+        assert!(err.to_string().starts_with("--admin-token-file "), "{err}");
+        let err =
+            token_or_file(Some("t".into()), "--token", Some(&good), "--token-file").unwrap_err();
+        assert!(err.to_string().contains("--token-file"), "{err}");
+        let lines = dir.path().join("callers");
+        std::fs::write(&lines, "# callers\na\n\n b \n").unwrap();
+        assert_eq!(
+            read_token_lines("--caller-token-file", &lines).unwrap(),
+            ["a", "b"]
+        );
     }
 
     #[test]

@@ -34,12 +34,20 @@ pub struct RegistryArgs {
     /// Directory of mcp.d server files to load and keep in sync.
     #[arg(long, env = "QUIVER_MCP_DIR")]
     pub mcp_dir: Option<PathBuf>,
-    /// Admin token (read and write).
+    /// Admin token (read and write); prefer QUIVER_ADMIN_TOKEN or
+    /// --admin-token-file (flags are visible in `ps`).
     #[arg(long, env = "QUIVER_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Worker token (read and status reports).
+    /// File holding the admin token (trimmed).
+    #[arg(long, env = "QUIVER_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Worker token (read and status reports); prefer QUIVER_WORKER_TOKEN or
+    /// --worker-token-file.
     #[arg(long, env = "QUIVER_WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: Option<String>,
+    /// File holding the worker token (trimmed).
+    #[arg(long, env = "QUIVER_WORKER_TOKEN_FILE")]
+    pub worker_token_file: Option<PathBuf>,
     /// Serve without credentials; only allowed on loopback listeners.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -58,6 +66,9 @@ pub struct RegistryArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Egress allowlist of tool previews (as on workers).
+    #[command(flatten)]
+    pub egress: super::worker::EgressArgs,
 }
 
 /// Everything `quiver registry` needs, after layering.
@@ -85,6 +96,18 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         .or(file.mcp.rescan_interval_secs)
         .unwrap_or(30);
     let retention = file.change_log_retention.or(defaults.change_log_retention);
+    let admin_token = config::token_or_file(
+        args.admin_token,
+        "--admin-token",
+        args.admin_token_file.as_deref(),
+        "--admin-token-file",
+    )?;
+    let worker_token = config::token_or_file(
+        args.worker_token,
+        "--worker-token",
+        args.worker_token_file.as_deref(),
+        "--worker-token-file",
+    )?;
     let options = RegistryOptions {
         grpc_listen: args
             .grpc_listen
@@ -95,8 +118,8 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             .or(file.http_listen)
             .unwrap_or(defaults.http_listen),
         auth: AuthConfig {
-            admin_token: args.admin_token.or(file.admin_token),
-            worker_token: args.worker_token.or(file.worker_token),
+            admin_token: admin_token.or(file.admin_token),
+            worker_token: worker_token.or(file.worker_token),
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         },
         mcp_dir: mcp_dir.map(|path| McpDir {
@@ -118,6 +141,7 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             ..defaults.feed
         },
         change_log_retention: retention.filter(|&n| n > 0),
+        preview_egress: super::worker::egress_policy(args.egress, file.egress)?,
         ..defaults
     };
     Ok(RegistrySettings {

@@ -13,7 +13,7 @@ use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
 use quiver_worker::{Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, UpstreamSection, WorkerFile};
+use crate::config::{self, EgressSection, UpstreamSection, WorkerFile};
 use crate::telemetry::{self, LogFormat};
 
 /// Flags of `quiver worker` (each also `QUIVER_<FLAG>`).
@@ -25,9 +25,13 @@ pub struct WorkerArgs {
     /// Registry gRPC URL [default: http://127.0.0.1:50051].
     #[arg(long, env = "QUIVER_REGISTRY")]
     pub registry: Option<String>,
-    /// Worker token for the registry.
+    /// Worker token for the registry (prefer QUIVER_TOKEN or --token-file:
+    /// flags are visible in `ps`).
     #[arg(long, env = "QUIVER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the worker token for the registry (trimmed).
+    #[arg(long, env = "QUIVER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// A caller token of task "default" (repeatable; comma-separated in the env).
     #[arg(
         long = "caller-token",
@@ -36,6 +40,10 @@ pub struct WorkerArgs {
         hide_env_values = true
     )]
     pub caller_tokens: Vec<String>,
+    /// File of caller tokens of task "default", one per line (blank lines
+    /// and `#` comments skipped).
+    #[arg(long, env = "QUIVER_CALLER_TOKEN_FILE")]
+    pub caller_token_file: Option<PathBuf>,
     /// HTTP listen address for the tool API, chat, health and metrics [default: 127.0.0.1:8090].
     #[arg(long, env = "QUIVER_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
@@ -54,6 +62,45 @@ pub struct WorkerArgs {
     /// Chat upstream.
     #[command(flatten)]
     pub upstream: UpstreamArgs,
+    /// Egress allowlist of the HTTP transports.
+    #[command(flatten)]
+    pub egress: EgressArgs,
+}
+
+/// Flags of the egress allowlist (shared by `quiver worker` and `quiver
+/// registry`, whose tool previews obey it). No entry anywhere allows every
+/// host; flags replace the config file's list of the same kind.
+#[derive(Args, Debug, Default)]
+pub struct EgressArgs {
+    /// Host name (glob, `*` spans dots) HTTP MCP servers may be reached on
+    /// (repeatable; comma-separated in the env) [default: every host, unless
+    /// an allowlist is set].
+    #[arg(
+        long = "egress-allow-host",
+        env = "QUIVER_EGRESS_ALLOW_HOST",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
+    /// CIDR block every resolved address of an HTTP MCP server's host must
+    /// lie in, unless the host name is allowed (repeatable; comma-separated
+    /// in the env).
+    #[arg(
+        long = "egress-allow-cidr",
+        env = "QUIVER_EGRESS_ALLOW_CIDR",
+        value_delimiter = ','
+    )]
+    pub allow_cidrs: Vec<String>,
+}
+
+/// The egress allowlist from flags over the config file.
+pub fn egress_policy(
+    args: EgressArgs,
+    file: EgressSection,
+) -> anyhow::Result<quiver_mcp::egress::EgressPolicy> {
+    let pick = |flags: Vec<String>, file: Vec<String>| if flags.is_empty() { file } else { flags };
+    let hosts = pick(args.allow_hosts, file.allow_hosts);
+    let cidrs = pick(args.allow_cidrs, file.allow_cidrs);
+    Ok(quiver_mcp::egress::EgressPolicy::new(&hosts, &cidrs)?)
 }
 
 /// Flags naming the OpenAI-compatible upstream of `/v1/chat/completions`
@@ -110,8 +157,17 @@ fn default_worker_id() -> String {
 /// Layers defaults < config file < env < flags into worker options.
 pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
     let file: WorkerFile = config::load(args.config.as_deref())?;
-    let mut callers: Vec<CallerToken> = args
-        .caller_tokens
+    let token = config::token_or_file(
+        args.token,
+        "--token",
+        args.token_file.as_deref(),
+        "--token-file",
+    )?;
+    let mut caller_tokens = args.caller_tokens;
+    if let Some(path) = &args.caller_token_file {
+        caller_tokens.extend(config::read_token_lines("--caller-token-file", path)?);
+    }
+    let mut callers: Vec<CallerToken> = caller_tokens
         .into_iter()
         .map(|token| CallerToken {
             token,
@@ -161,6 +217,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
             .pool
             .tools_ttl_secs
             .map_or(pool_defaults.tools_ttl, Duration::from_secs),
+        egress: egress_policy(args.egress, file.egress)?,
         ..pool_defaults
     };
     let warm_up = if args.warm_up.is_empty() {
@@ -178,7 +235,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
                 .registry
                 .or(file.registry)
                 .unwrap_or_else(|| "http://127.0.0.1:50051".to_owned()),
-            token: args.token.or(file.token),
+            token: token.or(file.token),
             worker_id: args
                 .worker_id
                 .or(file.worker_id)
