@@ -471,8 +471,21 @@ impl WorkerProcess {
         caller_token: &str,
         args: &[S],
     ) -> WorkerProcess {
+        WorkerProcess::start_with_env(registry_url, worker_token, caller_token, args, &[]).await
+    }
+
+    /// Like [`WorkerProcess::start`], with `env` added to the worker's
+    /// environment.
+    pub async fn start_with_env<S: AsRef<str>>(
+        registry_url: &str,
+        worker_token: &str,
+        caller_token: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+    ) -> WorkerProcess {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let mut command = quiver_command();
+        command.envs(env.iter().copied());
         command.arg("worker").args([
             "--registry",
             registry_url,

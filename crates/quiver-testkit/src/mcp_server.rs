@@ -87,8 +87,9 @@ pub fn generated_tool_name(index: usize) -> String {
 }
 
 /// Largest output `big_output` agrees to build, so a typo in a test cannot
-/// exhaust the machine's memory.
-pub const BIG_OUTPUT_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// exhaust the machine's memory (128 MiB: room for the 100 MB flood of
+/// the fault suite, `tests/e2e/faults.rs`).
+pub const BIG_OUTPUT_MAX_BYTES: usize = 128 * 1024 * 1024;
 
 /// A 2x2 RGB PNG (red, green / blue, white).
 pub const TEST_PNG: &[u8] = &[
