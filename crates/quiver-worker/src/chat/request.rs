@@ -471,3 +471,170 @@ mod tests {
         }
     }
 }
+
+/// Fuzz-style property tests (proptest; `cargo fuzz` needs a nightly
+/// toolchain): arbitrary bytes and JSON never panic the parser, and every
+/// refusal names a field of the request. Longer runs: `PROPTEST_CASES=100000
+/// cargo test -p quiver-worker chat::request::proptests`.
+#[cfg(test)]
+mod proptests {
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use quiver_model::budget::BudgetLimits;
+    use quiver_model::policy::{CompiledTaskPolicy, TaskPolicy};
+
+    use super::*;
+
+    fn cases(default: u32) -> ProptestConfig {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default);
+        ProptestConfig::with_cases(cases)
+    }
+
+    /// Field names of a chat request and of its `mcp` extension.
+    const KEYS: &[&str] = &[
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "include_usage",
+        "tools",
+        "type",
+        "function",
+        "name",
+        "tool_choice",
+        "n",
+        "mcp",
+        "enabled",
+        "server_ids",
+        "allowed_tools",
+        "denied_tools",
+        "budgets",
+        "max_iterations",
+        "max_total_tool_calls",
+        "max_tool_output_bytes",
+    ];
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| serde_json::json!(n)),
+            any::<f64>().prop_map(|n| serde_json::json!(n)),
+            prop_oneof![
+                Just("function".to_owned()),
+                Just("*".to_owned()),
+                Just("fs".to_owned()),
+                "[a-z_*.]{0,10}",
+                any::<String>(),
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        proptest::sample::select(KEYS).prop_map(str::to_owned),
+                        "[a-z_]{1,8}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A request object: known top-level keys with arbitrary values.
+    fn request_object() -> impl Strategy<Value = Value> {
+        proptest::collection::btree_map(
+            proptest::sample::select(KEYS).prop_map(str::to_owned),
+            json_value(),
+            0..6,
+        )
+        .prop_map(|map| Value::Object(map.into_iter().collect()))
+    }
+
+    fn tasks() -> [Task; 2] {
+        let restricted = TaskPolicy {
+            allowed_server_ids: Some(vec!["fs".into()]),
+            budgets: BudgetLimits {
+                max_iterations: Some(3),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        [
+            Task {
+                name: "default".into(),
+                policy: Arc::new(CompiledTaskPolicy::unrestricted()),
+            },
+            Task {
+                name: "restricted".into(),
+                policy: Arc::new(restricted.compile().expect("task policy")),
+            },
+        ]
+    }
+
+    /// Parses `raw` for every task: a refusal is a 400/403 with a stable
+    /// code, naming `body` or a field whose root key is in the request.
+    fn check(raw: &[u8]) -> Result<(), TestCaseError> {
+        let keys: Vec<String> = match serde_json::from_slice::<Value>(raw) {
+            Ok(Value::Object(map)) => map.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        for task in &tasks() {
+            let Err(err) = ChatRequest::parse(raw, task) else {
+                continue;
+            };
+            prop_assert!(
+                matches!(
+                    (err.status, err.code),
+                    (StatusCode::BAD_REQUEST, "invalid_request")
+                        | (StatusCode::FORBIDDEN, "mcp_policy_denied")
+                ),
+                "{err:?}"
+            );
+            prop_assert!(!err.message.is_empty(), "{err:?}");
+            let root = err
+                .field
+                .split(['.', '['])
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            prop_assert!(
+                root == "body" || keys.contains(&root),
+                "error names {:?}, not a field of the request {:?}: {:?}",
+                err.field,
+                keys,
+                err
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(cases(1000))]
+
+        #[test]
+        fn arbitrary_bytes_are_refused_naming_a_field(
+            raw in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            check(&raw)?;
+        }
+
+        #[test]
+        fn arbitrary_json_is_refused_naming_a_field(value in json_value()) {
+            check(value.to_string().as_bytes())?;
+        }
+
+        #[test]
+        fn arbitrary_requests_are_refused_naming_a_field(value in request_object()) {
+            check(value.to_string().as_bytes())?;
+        }
+    }
+}
