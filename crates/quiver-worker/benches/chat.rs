@@ -172,9 +172,17 @@ async fn run(config: Config) -> BenchResult<()> {
     let expected_tools = config.servers * config.tools;
     let policy = Arc::new(CompiledTaskPolicy::unrestricted());
     let cache = CatalogCache::default();
-    let offered = Catalog::build(&snapshot.current(), &pool, &cache, &policy, None, None)
-        .await
-        .len();
+    let offered = Catalog::build(
+        &snapshot.current(),
+        &pool,
+        &cache,
+        &policy,
+        None,
+        None,
+        None,
+    )
+    .await
+    .len();
     if offered != expected_tools {
         return Err(format!("worker offers {offered} tools, expected {expected_tools}").into());
     }
@@ -242,8 +250,16 @@ async fn run(config: Config) -> BenchResult<()> {
         }
         for _ in 0..per_round {
             let t = Instant::now();
-            let catalog =
-                Catalog::build(&snapshot.current(), &pool, &cache, &policy, None, None).await;
+            let catalog = Catalog::build(
+                &snapshot.current(),
+                &pool,
+                &cache,
+                &policy,
+                None,
+                None,
+                None,
+            )
+            .await;
             samples[4].push(t.elapsed());
             if catalog.len() != expected_tools {
                 return Err("catalog changed during the run".into());

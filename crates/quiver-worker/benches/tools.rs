@@ -87,6 +87,7 @@ use quiver_model::policy::CompiledTaskPolicy;
 use quiver_model::{HttpConfig, McpServerSpec, StdioConfig, StoredServer, Transport};
 use quiver_sync::SnapshotHandle;
 use quiver_testkit::mcp_server::{Profile, TestServer};
+use quiver_worker::DEFAULT_CATALOG_WAIT;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::Task;
 use quiver_worker::call::{CallContext, ToolCall, ToolRunner};
@@ -1198,13 +1199,21 @@ async fn bench_api(
     let pool = Route::Pool(stack.pool.clone(), server, echo);
     let catalog = Route::Catalog(
         stack.snapshot.clone(),
-        ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
+        ToolRunner::new(
+            stack.pool.clone(),
+            AuditOptions::default(),
+            DEFAULT_CATALOG_WAIT,
+        ),
         task.clone(),
         injected.clone(),
     );
     let call_path = Route::CallTool(
         stack.snapshot.clone(),
-        ToolRunner::new(stack.pool.clone(), AuditOptions::default()),
+        ToolRunner::new(
+            stack.pool.clone(),
+            AuditOptions::default(),
+            DEFAULT_CATALOG_WAIT,
+        ),
         task,
         injected,
         echo,

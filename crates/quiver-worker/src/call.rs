@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use quiver_mcp::{CallOutcome, ContentBlock, JsonObject, McpError, McpPool};
 use quiver_model::policy::CompiledSessionFilter;
@@ -151,16 +151,19 @@ pub struct CallContext {
 pub struct ToolRunner {
     pool: McpPool,
     catalogs: Arc<CatalogCache>,
+    catalog_wait: Duration,
     schemas: Arc<SchemaCache>,
     audit: Arc<AuditOptions>,
 }
 
 impl ToolRunner {
-    /// A runner over `pool`.
-    pub fn new(pool: McpPool, audit: AuditOptions) -> Self {
+    /// A runner over `pool`; catalogs of several servers wait at most
+    /// `catalog_wait` for any one server's tool list (see [`Catalog::build`]).
+    pub fn new(pool: McpPool, audit: AuditOptions, catalog_wait: Duration) -> Self {
         ToolRunner {
             pool,
             catalogs: Arc::default(),
+            catalog_wait,
             schemas: Arc::default(),
             audit: Arc::new(audit),
         }
@@ -172,7 +175,9 @@ impl ToolRunner {
     }
 
     /// The tools `task` (narrowed by `session`, restricted to `only`) may
-    /// use now; see [`Catalog::build`].
+    /// use now; see [`Catalog::build`]. Resolving a call (`only` given)
+    /// waits for its server as long as the call's own path would; a listing
+    /// of several servers waits at most `catalog_wait` for each.
     pub async fn catalog(
         &self,
         snapshot: &Snapshot,
@@ -187,6 +192,7 @@ impl ToolRunner {
             &task.policy,
             session,
             only,
+            only.is_none().then_some(self.catalog_wait),
         )
         .await
     }

@@ -15,6 +15,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use quiver_mcp::{McpError, McpPool, Tool};
 use quiver_model::naming::{parse_compat_name, parse_injected_name};
@@ -91,6 +92,32 @@ pub struct Unavailable {
     pub server_id: String,
     /// Why (unresolved `${ENV:…}`, failed start, …).
     pub error: McpError,
+}
+
+/// The server's tool list, waiting at most `wait` for it. The listing runs
+/// in a task of its own, so giving up on it does not cancel it.
+async fn list_within(
+    pool: &McpPool,
+    server: &Arc<StoredServer>,
+    wait: Option<Duration>,
+) -> Result<Arc<Vec<Tool>>, McpError> {
+    let Some(wait) = wait else {
+        return pool.list_tools(server).await;
+    };
+    let listing = {
+        let (pool, server) = (pool.clone(), server.clone());
+        tokio::spawn(async move { pool.list_tools(&server).await })
+    };
+    match tokio::time::timeout(wait, listing).await {
+        Ok(Ok(listed)) => listed,
+        Ok(Err(join)) => Err(McpError::Unavailable(format!(
+            "listing tools failed: {join}"
+        ))),
+        Err(_) => Err(McpError::Unavailable(format!(
+            "tools not listed within {} ms (the server is still connecting); left out of this request",
+            wait.as_millis()
+        ))),
+    }
 }
 
 /// The injected tools of one server for one task and session patterns.
@@ -244,6 +271,12 @@ impl Catalog {
     /// concurrently, so one slow or broken server costs only its own share.
     /// `only` restricts it to some servers (resolving one call needs only the
     /// servers its name can refer to).
+    ///
+    /// With `wait`, a server whose tools are not listed by then (still
+    /// connecting, or hung in its handshake) is left out of this catalog as
+    /// unavailable, while its listing goes on in the background and serves
+    /// later requests: one stuck server must not hold every request that
+    /// selects it together with others for its whole connect timeout.
     pub async fn build(
         snapshot: &Snapshot,
         pool: &McpPool,
@@ -251,6 +284,7 @@ impl Catalog {
         task: &Arc<CompiledTaskPolicy>,
         session: Option<&CompiledSessionFilter>,
         only: Option<&BTreeSet<String>>,
+        wait: Option<Duration>,
     ) -> Catalog {
         let selected: Vec<_> = snapshot
             .servers
@@ -258,8 +292,12 @@ impl Catalog {
             .filter(|server| only.is_none_or(|ids| ids.contains(&server.spec.server_id)))
             .filter(|server| server_selected(&server.spec, task, session).is_ok())
             .collect();
-        let listings =
-            futures::future::join_all(selected.iter().map(|server| pool.list_tools(server))).await;
+        let listings = futures::future::join_all(
+            selected
+                .iter()
+                .map(|server| list_within(pool, server, wait)),
+        )
+        .await;
         let mut catalog = Catalog::default();
         for (server, listing) in selected.into_iter().zip(listings) {
             match listing {

@@ -12,4 +12,4 @@ pub mod health;
 pub mod schema;
 mod service;
 
-pub use service::{Worker, WorkerError, WorkerOptions};
+pub use service::{DEFAULT_CATALOG_WAIT, Worker, WorkerError, WorkerOptions};

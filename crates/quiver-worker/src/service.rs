@@ -41,7 +41,15 @@ pub struct WorkerOptions {
     pub upstream: Option<UpstreamOptions>,
     /// What the audit log records of tool arguments.
     pub audit: AuditOptions,
+    /// How long a listing of several servers (`GET /v1/mcp/tools`, chat)
+    /// waits for any one server's tools before leaving it out.
+    pub catalog_wait: Duration,
 }
+
+/// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
+/// quickly starting server, short enough that a server stuck in its
+/// handshake does not stall every chat request for its connect timeout.
+pub const DEFAULT_CATALOG_WAIT: Duration = Duration::from_secs(3);
 
 /// Why the worker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +105,7 @@ impl Worker {
         let upstream = options.upstream.clone().map(Upstream::new).transpose()?;
         let state = ApiState {
             snapshot: sync.handle(),
-            runner: ToolRunner::new(pool, options.audit.clone()),
+            runner: ToolRunner::new(pool, options.audit.clone(), options.catalog_wait),
             callers,
             upstream,
             metrics: options.metrics.clone(),

@@ -135,6 +135,9 @@ pub struct PoolSection {
     pub idle_timeout_secs: Option<u64>,
     /// `tools/list` cache lifetime in seconds.
     pub tools_ttl_secs: Option<u64>,
+    /// How long a listing of several servers waits for one server's tools
+    /// before leaving it out of that request, in ms.
+    pub catalog_wait_ms: Option<u64>,
 }
 
 /// One `[[callers]]` entry: a token (literal or from an environment

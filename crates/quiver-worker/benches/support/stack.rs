@@ -15,7 +15,7 @@ use quiver_sync::{SnapshotHandle, SyncOptions};
 use quiver_upstream::UpstreamOptions;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig};
-use quiver_worker::{Worker, WorkerOptions};
+use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 /// A benchmark's error.
@@ -101,6 +101,7 @@ impl Stack {
                 metrics: None,
                 upstream,
                 audit: AuditOptions::default(),
+                catalog_wait: DEFAULT_CATALOG_WAIT,
             },
             shutdown.clone(),
         )

@@ -18,7 +18,7 @@ use quiver_registry::{Registry, RegistryOptions};
 use quiver_sync::SyncOptions;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::CallersConfig;
-use quiver_worker::{Worker, WorkerOptions};
+use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::worker::{UpstreamArgs, upstream_options};
@@ -130,6 +130,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             metrics: Some(metrics),
             upstream,
             audit: AuditOptions::default(),
+            catalog_wait: DEFAULT_CATALOG_WAIT,
         },
         shutdown.clone(),
     )

@@ -10,7 +10,7 @@ use quiver_mcp::PoolOptions;
 use quiver_sync::SyncOptions;
 use quiver_upstream::UpstreamOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
-use quiver_worker::{Worker, WorkerOptions};
+use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, EgressSection, UpstreamSection, WorkerFile};
@@ -194,6 +194,10 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
             task: entry.task,
         });
     }
+    let catalog_wait = file
+        .pool
+        .catalog_wait_ms
+        .map_or(DEFAULT_CATALOG_WAIT, Duration::from_millis);
     let pool_defaults = PoolOptions::default();
     let pool = PoolOptions {
         max_inflight_calls: file
@@ -253,6 +257,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
         metrics: None,
         upstream: upstream_options(args.upstream, file.upstream)?,
         audit: file.audit.into_options(),
+        catalog_wait,
     };
     Ok((
         options,
