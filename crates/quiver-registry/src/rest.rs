@@ -30,7 +30,9 @@ use serde_json::{Value, json};
 use crate::auth::Role;
 use crate::error::RegistryError;
 use crate::preview::{self, EvaluateRequest};
-use crate::state::{RegistryState, RescanOutcome, actor_name};
+use crate::state::{
+    AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery, RegistryState, RescanOutcome, actor_name,
+};
 
 /// Header naming the person behind a write (audit), like the gRPC metadata.
 pub const ACTOR_HEADER: &str = "x-quiver-actor";
@@ -48,6 +50,7 @@ pub fn router() -> Router<RegistryState> {
         .route("/mcp/preview", post(preview_tools))
         .route("/mcp/evaluate", post(evaluate_tools))
         .route("/workers", get(list_workers))
+        .route("/audit", get(audit))
 }
 
 /// The authenticated caller of a request.
@@ -489,6 +492,71 @@ async fn evaluate_tools(_caller: Caller, body: Bytes) -> Result<Response, Regist
     let request = EvaluateRequest::parse(&body)?;
     let evaluation = preview::evaluate(&request.record, request.tools.iter().map(String::as_str))?;
     Ok(axum::Json(evaluation).into_response())
+}
+
+/// `?since_revision=N&limit=M&server_id=X` of the audit trail; any other
+/// parameter is an error, so a misspelt one never silently widens the page.
+fn audit_query(query: &HashMap<String, String>) -> Result<AuditQuery, RegistryError> {
+    if let Some(unknown) = query
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "since_revision" | "limit" | "server_id"))
+        .min()
+    {
+        return Err(RegistryError::invalid(
+            unknown.as_str(),
+            format!(
+                "unknown query parameter {unknown:?}: expected since_revision, limit or server_id"
+            ),
+        ));
+    }
+    let since_revision = match query.get("since_revision") {
+        None => None,
+        Some(value) => Some(value.parse::<u64>().map_err(|_| {
+            RegistryError::invalid(
+                "since_revision",
+                format!("{value:?} is not a revision number"),
+            )
+        })?),
+    };
+    let limit = match query.get("limit") {
+        None => AUDIT_DEFAULT_LIMIT,
+        Some(value) => value
+            .parse::<u32>()
+            .ok()
+            .filter(|limit| (1..=AUDIT_MAX_LIMIT).contains(limit))
+            .ok_or_else(|| {
+                RegistryError::invalid(
+                    "limit",
+                    format!("{value:?} is not a number from 1 to {AUDIT_MAX_LIMIT}"),
+                )
+            })?,
+    };
+    let server_id = match query.get("server_id") {
+        None => None,
+        Some(id) if quiver_model::is_valid_server_id(id) => Some(id.clone()),
+        Some(id) => {
+            return Err(RegistryError::invalid(
+                "server_id",
+                format!("{id:?} is not a valid server_id"),
+            ));
+        }
+    };
+    Ok(AuditQuery {
+        since_revision,
+        server_id,
+        limit,
+    })
+}
+
+/// Registry changes of every record (or of one), with the paths of the
+/// fields each changed; readable with the worker token as it holds no values.
+async fn audit(
+    _caller: Caller,
+    State(state): State<RegistryState>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, RegistryError> {
+    let page = state.audit(&audit_query(&query)?).await?;
+    Ok(axum::Json(page).into_response())
 }
 
 async fn list_workers(

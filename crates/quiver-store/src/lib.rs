@@ -138,6 +138,40 @@ impl UpsertOutcome {
     }
 }
 
+/// Which history rows [`Store::history_page`] returns, across all records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryPage<'a> {
+    /// The newest rows, newest first.
+    Newest {
+        /// Only rows of this record.
+        server_id: Option<&'a str>,
+        /// At most this many rows.
+        limit: u32,
+    },
+    /// Rows with a revision above `after`, oldest first (paging forward:
+    /// pass the last revision of one page as `after` of the next).
+    After {
+        /// Only revisions above this one.
+        after: u64,
+        /// Only rows of this record.
+        server_id: Option<&'a str>,
+        /// At most this many rows.
+        limit: u32,
+    },
+}
+
+/// One history row of any record, with the revision of the same record
+/// that came before it (what the change is a change against).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryRow {
+    /// The record.
+    pub server_id: String,
+    /// The revision.
+    pub entry: HistoryEntry,
+    /// The record's previous history row; `None` for its first revision.
+    pub previous: Option<HistoryEntry>,
+}
+
 /// The revisioned record store.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -151,6 +185,10 @@ pub trait Store: Send + Sync + 'static {
     async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError>;
     /// Every revision of one record, newest first (deleted records included).
     async fn history(&self, server_id: &str) -> Result<Vec<HistoryEntry>, StoreError>;
+    /// History rows of every record (or of one), in revision order as
+    /// `page` says, each with the same record's previous row. History is
+    /// never compacted, so this reaches back to revision 1.
+    async fn history_page(&self, page: HistoryPage<'_>) -> Result<Vec<HistoryRow>, StoreError>;
     /// Change-log rows with revision > `after`, in order, at most `limit`.
     async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError>;
     /// Current head and compaction floor.

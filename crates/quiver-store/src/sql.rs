@@ -16,7 +16,10 @@ use sqlx::{AnyPool, Row};
 use tokio::sync::{Mutex, MutexGuard, watch};
 use tokio_util::sync::DropGuard;
 
-use crate::{DeleteRequest, Head, Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest};
+use crate::{
+    DeleteRequest, Head, HistoryPage, HistoryRow, Snapshot, Store, StoreError, UpsertOutcome,
+    UpsertRequest,
+};
 
 /// The statements that differ between PostgreSQL and SQLite.
 pub(crate) struct Dialect {
@@ -36,6 +39,8 @@ pub(crate) struct Dialect {
     pub select_servers: &'static str,
     /// Selects the history of one record ($1), newest first.
     pub select_history: &'static str,
+    /// Appended to a JSON column to read it as text (`::text` on PostgreSQL).
+    pub json_as_text: &'static str,
     /// Queue writers on an in-process lock before they open a transaction.
     /// For an engine owned by one process (SQLite) this makes waiting fair
     /// and ordered instead of the engine's sleep-and-retry busy handler.
@@ -183,14 +188,59 @@ fn change_from_row(row: &AnyRow) -> Result<Change, StoreError> {
 
 /// Columns: revision, kind, spec (nullable), at_ms, actor, source.
 fn history_from_row(row: &AnyRow) -> Result<HistoryEntry, StoreError> {
-    let spec: Option<String> = row.try_get(2)?;
+    history_from_columns(row, 0)
+}
+
+/// [`history_from_row`] of the six columns starting at `first`.
+fn history_from_columns(row: &AnyRow, first: usize) -> Result<HistoryEntry, StoreError> {
+    let spec: Option<String> = row.try_get(first + 2)?;
     Ok(HistoryEntry {
-        revision: to_u64(row.try_get(0)?)?,
-        kind: kind_from(&row.try_get::<String, _>(1)?)?,
+        revision: to_u64(row.try_get(first)?)?,
+        kind: kind_from(&row.try_get::<String, _>(first + 1)?)?,
         spec: spec.as_deref().map(spec_from_json).transpose()?,
-        at: from_millis(row.try_get(3)?)?,
-        actor: row.try_get(4)?,
-        source: source_from(&row.try_get::<String, _>(5)?)?,
+        at: from_millis(row.try_get(first + 3)?)?,
+        actor: row.try_get(first + 4)?,
+        source: source_from(&row.try_get::<String, _>(first + 5)?)?,
+    })
+}
+
+/// The statement of [`Store::history_page`]: history rows with revision >
+/// $1 (and server_id = $2 when `by_server`), each joined with the same
+/// record's previous row, ordered as asked, limited by the last parameter.
+/// Columns: server_id, then revision, kind, spec, at_ms, actor, source of the
+/// row (1…6) and of the previous row (7…12, NULL when there is none).
+fn history_page_sql(dialect: &Dialect, by_server: bool, newest_first: bool) -> String {
+    let cast = dialect.json_as_text;
+    let (server_filter, limit) = if by_server {
+        (" AND server_id = $2", "$3")
+    } else {
+        ("", "$2")
+    };
+    let order = if newest_first { "DESC" } else { "ASC" };
+    // The page is chosen first, so previous rows are looked up (through the
+    // (server_id, revision) key) for the page's rows only.
+    format!(
+        "SELECT h.server_id, h.revision, h.kind, h.spec{cast}, h.at_ms, h.actor, h.source, \
+         p.revision, p.kind, p.spec{cast}, p.at_ms, p.actor, p.source \
+         FROM (SELECT server_id, revision, kind, spec, at_ms, actor, source \
+         FROM mcp_server_history WHERE revision > $1{server_filter} \
+         ORDER BY revision {order} LIMIT {limit}) h \
+         LEFT JOIN mcp_server_history p ON p.server_id = h.server_id AND p.revision = \
+         (SELECT MAX(q.revision) FROM mcp_server_history q \
+         WHERE q.server_id = h.server_id AND q.revision < h.revision) \
+         ORDER BY h.revision {order}"
+    )
+}
+
+/// Columns as [`history_page_sql`] selects them.
+fn history_row_from_row(row: &AnyRow) -> Result<HistoryRow, StoreError> {
+    let previous_revision: Option<i64> = row.try_get(7)?;
+    Ok(HistoryRow {
+        server_id: row.try_get(0)?,
+        entry: history_from_columns(row, 1)?,
+        previous: previous_revision
+            .map(|_| history_from_columns(row, 7))
+            .transpose()?,
     })
 }
 
@@ -433,6 +483,25 @@ impl Store for SqlStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(history_from_row).collect()
+    }
+
+    async fn history_page(&self, page: HistoryPage<'_>) -> Result<Vec<HistoryRow>, StoreError> {
+        let (after, server_id, limit, newest_first) = match page {
+            HistoryPage::Newest { server_id, limit } => (0, server_id, limit, true),
+            HistoryPage::After {
+                after,
+                server_id,
+                limit,
+            } => (after, server_id, limit, false),
+        };
+        let sql = history_page_sql(self.dialect, server_id.is_some(), newest_first);
+        // Built from static fragments only; every value is a bound parameter.
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to_i64(after)?);
+        if let Some(server_id) = server_id {
+            query = query.bind(server_id.to_owned());
+        }
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(history_row_from_row).collect()
     }
 
     async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError> {

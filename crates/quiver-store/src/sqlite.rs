@@ -30,6 +30,7 @@ static DIALECT: Dialect = Dialect {
          FROM mcp_servers ORDER BY server_id",
     select_history: "SELECT revision, kind, spec, at_ms, actor, source FROM mcp_server_history \
          WHERE server_id = $1 ORDER BY revision DESC",
+    json_as_text: "",
     queue_writers_in_process: true,
 };
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quiver_model::{ChangeKind, McpServerSpec, Source, StdioConfig, Transport};
-use quiver_store::{DeleteRequest, SqlStore, Store, StoreError, UpsertOutcome, UpsertRequest};
+use quiver_store::{
+    DeleteRequest, HistoryPage, SqlStore, Store, StoreError, UpsertOutcome, UpsertRequest,
+};
 use quiver_testkit::postgres::TestDatabase;
 
 /// A store plus whatever keeps its database alive, and a way to reopen it.
@@ -397,6 +399,113 @@ async fn subscribers_see_new_revisions(f: Fixture) {
         .unwrap();
 }
 
+async fn history_page_spans_records(f: Fixture) {
+    let by = |actor: &str, request: UpsertRequest| UpsertRequest {
+        actor: actor.into(),
+        ..request
+    };
+    f.store
+        .upsert(by("ann", upsert(spec("a", "x"))))
+        .await
+        .unwrap(); // 1
+    f.store
+        .upsert(by("bob", upsert(spec("b", "x"))))
+        .await
+        .unwrap(); // 2
+    let mut changed = spec("a", "y");
+    changed.budgets.max_concurrency = 3;
+    f.store
+        .upsert(by("bob", upsert(changed.clone())))
+        .await
+        .unwrap(); // 3
+    f.store.delete(delete("b")).await.unwrap(); // 4
+    let from_file = UpsertRequest {
+        source: Source::File("10-b.toml".into()),
+        ..by("mcp.d", upsert(spec("b", "z")))
+    };
+    f.store.upsert(from_file).await.unwrap(); // 5
+    // The change log may be compacted; the history page is not affected.
+    f.store.compact(5).await.unwrap();
+
+    let revisions = |rows: &[quiver_store::HistoryRow]| {
+        rows.iter().map(|r| r.entry.revision).collect::<Vec<_>>()
+    };
+    let newest = |server_id, limit| HistoryPage::Newest { server_id, limit };
+    let after = |after, server_id, limit| HistoryPage::After {
+        after,
+        server_id,
+        limit,
+    };
+
+    let all = f.store.history_page(newest(None, 10)).await.unwrap();
+    assert_eq!(revisions(&all), [5, 4, 3, 2, 1]);
+    let ids: Vec<&str> = all.iter().map(|r| r.server_id.as_str()).collect();
+    assert_eq!(ids, ["b", "b", "a", "b", "a"]);
+    let actors: Vec<&str> = all.iter().map(|r| r.entry.actor.as_str()).collect();
+    assert_eq!(actors, ["mcp.d", "tester", "bob", "bob", "ann"]);
+    // Each row carries the same record's previous row.
+    let previous: Vec<Option<u64>> = all
+        .iter()
+        .map(|r| r.previous.as_ref().map(|p| p.revision))
+        .collect();
+    assert_eq!(previous, [Some(4), Some(2), Some(1), None, None]);
+    assert_eq!(all[0].entry.source, Source::File("10-b.toml".into()));
+    assert_eq!(all[0].previous.as_ref().unwrap().kind, ChangeKind::Delete);
+    assert!(all[0].previous.as_ref().unwrap().spec.is_none());
+    assert_eq!(all[1].entry.kind, ChangeKind::Delete);
+    assert!(all[1].entry.spec.is_none());
+    assert_eq!(all[2].entry.spec.as_ref(), Some(&changed));
+    assert_eq!(
+        all[2].previous.as_ref().unwrap().spec.as_ref(),
+        Some(&spec("a", "x"))
+    );
+    assert_eq!(all[2].previous.as_ref().unwrap().actor, "ann");
+
+    assert_eq!(
+        revisions(&f.store.history_page(newest(None, 2)).await.unwrap()),
+        [5, 4]
+    );
+    // Paging forward through everything, oldest first.
+    let mut pages = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = f.store.history_page(after(cursor, None, 2)).await.unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = last.entry.revision;
+        pages.push(revisions(&page));
+    }
+    assert_eq!(pages, [vec![1, 2], vec![3, 4], vec![5]]);
+    // One record only; its previous rows are found whatever the page holds.
+    assert_eq!(
+        revisions(&f.store.history_page(newest(Some("a"), 10)).await.unwrap()),
+        [3, 1]
+    );
+    let b = f.store.history_page(after(2, Some("b"), 10)).await.unwrap();
+    assert_eq!(revisions(&b), [4, 5]);
+    assert_eq!(b[0].previous.as_ref().map(|p| p.revision), Some(2));
+    assert!(
+        f.store
+            .history_page(newest(Some("nope"), 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        f.store
+            .history_page(after(5, None, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        f.store
+            .history_page(newest(None, 0))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 async fn data_survives_reopen(f: Fixture) {
     f.store.upsert(upsert(spec("a", "x"))).await.unwrap();
     f.store.upsert(upsert(spec("b", "x"))).await.unwrap();
@@ -437,6 +546,7 @@ macro_rules! conformance {
                 concurrent_writers_get_consecutive_revisions,
                 list_is_a_consistent_snapshot,
                 subscribers_see_new_revisions,
+                history_page_spans_records,
                 data_survives_reopen,
             );
         )*
