@@ -455,7 +455,8 @@ const WORKER_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// the caller token it was started with.
 pub struct WorkerProcess {
     process: Supervised,
-    http: SocketAddr,
+    /// `http://<http addr>`, or `https://localhost:<port>` over TLS.
+    url: String,
     caller_token: String,
     client: reqwest::Client,
 }
@@ -483,6 +484,38 @@ impl WorkerProcess {
         args: &[S],
         env: &[(&str, &str)],
     ) -> WorkerProcess {
+        WorkerProcess::spawn(registry_url, worker_token, caller_token, args, env, None).await
+    }
+
+    /// Like [`WorkerProcess::start`] for a worker whose HTTP listener serves
+    /// TLS (`args` hold its `--tls-cert`/`--tls-key`) with a certificate for
+    /// `localhost` issued by `ca_pem`, which the test client trusts.
+    pub async fn start_tls<S: AsRef<str>>(
+        registry_url: &str,
+        worker_token: &str,
+        caller_token: &str,
+        args: &[S],
+        ca_pem: &[u8],
+    ) -> WorkerProcess {
+        WorkerProcess::spawn(
+            registry_url,
+            worker_token,
+            caller_token,
+            args,
+            &[],
+            Some(ca_pem),
+        )
+        .await
+    }
+
+    async fn spawn<S: AsRef<str>>(
+        registry_url: &str,
+        worker_token: &str,
+        caller_token: &str,
+        args: &[S],
+        env: &[(&str, &str)],
+        ca_pem: Option<&[u8]>,
+    ) -> WorkerProcess {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let mut command = quiver_command();
         command.envs(env.iter().copied());
@@ -502,14 +535,21 @@ impl WorkerProcess {
         let description = format!("--registry {registry_url} {}", args.join(" "));
         let (process, http) =
             Supervised::spawn("worker", command, &description, worker_listening_addr).await;
+        let mut client = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        let url = match ca_pem {
+            Some(pem) => {
+                client = client.tls_certs_only([
+                    reqwest::Certificate::from_pem(pem).expect("CA certificate PEM")
+                ]);
+                format!("https://localhost:{}", http.port())
+            }
+            None => format!("http://{http}"),
+        };
         let worker = WorkerProcess {
             process,
-            http,
+            url,
             caller_token: caller_token.to_owned(),
-            client: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("http client"),
+            client: client.build().expect("http client"),
         };
         let started = Instant::now();
         loop {
@@ -527,9 +567,9 @@ impl WorkerProcess {
         worker
     }
 
-    /// `http://<http addr>`.
+    /// `http://<http addr>` (`https://localhost:<port>` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.http)
+        self.url.clone()
     }
 
     /// The process id.

@@ -19,5 +19,6 @@ mod openai_sdk;
 mod registry_concurrency;
 mod replicas;
 mod security;
+mod tls;
 mod web_admin;
 mod worker;

@@ -7,6 +7,7 @@ use quiver_model as model;
 use quiver_model::FieldError;
 
 pub mod credentials;
+pub mod tls;
 
 /// Generated protobuf and tonic code of `proto/quiver/registry/v1/registry.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

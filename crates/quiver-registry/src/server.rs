@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
+use quiver_proto::tls::TlsListener;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_store::Store;
 use serde_json::json;
@@ -54,6 +55,9 @@ pub struct RegistryOptions {
     /// Hosts tool previews may connect to over HTTP (the workers' egress
     /// allowlist; default: all).
     pub preview_egress: quiver_mcp::egress::EgressPolicy,
+    /// Serve both listeners (gRPC and HTTP) over TLS with this certificate;
+    /// `None` (the default) serves plaintext.
+    pub tls: Option<quiver_proto::tls::ServerTls>,
 }
 
 impl Default for RegistryOptions {
@@ -70,6 +74,7 @@ impl Default for RegistryOptions {
             metrics: None,
             preview_env: PreviewEnv::default(),
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
+            tls: None,
         }
     }
 }
@@ -153,6 +158,11 @@ impl Registry {
             .unwrap_or(self.options.http_listen)
     }
 
+    /// Whether both listeners serve TLS.
+    pub fn is_tls(&self) -> bool {
+        self.options.tls.is_some()
+    }
+
     /// Whether requests are served without credentials.
     pub fn is_insecure(&self) -> bool {
         self.state.auth.is_insecure()
@@ -186,7 +196,13 @@ impl Registry {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|err| ServeError::Serve(format!("grpc reflection: {err}")))?;
-        let grpc = tonic::transport::Server::builder()
+        let mut grpc = tonic::transport::Server::builder();
+        if let Some(tls) = &options.tls {
+            grpc = grpc
+                .tls_config(tls.grpc_config())
+                .map_err(|err| ServeError::Serve(format!("grpc tls: {err}")))?;
+        }
+        let grpc = grpc
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(health_service)
             .add_service(reflection)
@@ -203,14 +219,25 @@ impl Registry {
             );
 
         let app = http_router(state, options.metrics.clone());
-        let http = axum::serve(
-            http_listener.tap_io(|tcp| {
-                // Small JSON answers: never wait for delayed ACKs.
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let http: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
+            match &options.tls {
+                Some(tls) => Box::pin(
+                    axum::serve(TlsListener::new(http_listener, tls), app)
+                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                        .into_future(),
+                ),
+                None => Box::pin(
+                    axum::serve(
+                        http_listener.tap_io(|tcp| {
+                            // Small JSON answers: never wait for delayed ACKs.
+                            let _ = tcp.set_nodelay(true);
+                        }),
+                        app,
+                    )
+                    .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                    .into_future(),
+                ),
+            };
 
         let servers = async {
             let (grpc, http) = tokio::join!(grpc, http);

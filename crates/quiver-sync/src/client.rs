@@ -38,6 +38,22 @@ impl Connector {
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
+        let https = endpoint.uri().scheme_str() == Some("https");
+        let endpoint = match (https, options.registry_ca.as_deref()) {
+            (true, ca) => {
+                let tls = quiver_proto::tls::client_tls(ca)
+                    .map_err(|err| SyncError::InvalidOptions(format!("registry_ca: {err}")))?;
+                endpoint
+                    .tls_config(tls)
+                    .map_err(|err| SyncError::InvalidOptions(format!("registry tls: {err}")))?
+            }
+            (false, Some(_)) => {
+                return Err(SyncError::InvalidOptions(
+                    "registry_ca needs an https:// registry_url".to_owned(),
+                ));
+            }
+            (false, None) => endpoint,
+        };
         let credentials = Credentials::new(options.token.as_deref(), None).map_err(|_| {
             SyncError::InvalidOptions(
                 "token must be printable ascii without line breaks".to_owned(),

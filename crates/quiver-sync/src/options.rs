@@ -30,6 +30,9 @@ pub struct SyncOptions {
     /// A watch stream with no message (event or heartbeat) for this long is
     /// treated as dead; about 3× the registry's heartbeat period.
     pub stream_idle_timeout: Duration,
+    /// PEM CA certificates trusted for an `https://` registry; `None`
+    /// trusts the system roots. Refused with an `http://` registry.
+    pub registry_ca: Option<Vec<u8>>,
 }
 
 impl Default for SyncOptions {
@@ -45,6 +48,7 @@ impl Default for SyncOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             stream_idle_timeout: Duration::from_secs(45),
+            registry_ca: None,
         }
     }
 }
@@ -63,6 +67,7 @@ impl fmt::Debug for SyncOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("stream_idle_timeout", &self.stream_idle_timeout)
+            .field("registry_ca", &self.registry_ca.as_ref().map(|_| "<pem>"))
             .finish()
     }
 }

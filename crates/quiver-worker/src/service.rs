@@ -44,6 +44,9 @@ pub struct WorkerOptions {
     /// How long a listing of several servers (`GET /v1/mcp/tools`, chat)
     /// waits for any one server's tools before leaving it out.
     pub catalog_wait: Duration,
+    /// Serve the HTTP listener over TLS with this certificate; `None`
+    /// serves plaintext.
+    pub tls: Option<quiver_proto::tls::ServerTls>,
 }
 
 /// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
@@ -156,14 +159,25 @@ impl Worker {
         ));
         let pool = state.runner.pool().clone();
         let app = router(state);
-        let served = axum::serve(
-            listener.tap_io(|tcp| {
-                // Answers are small and latency-bound: never wait for delayed ACKs.
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let served: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
+            match &options.tls {
+                Some(tls) => Box::pin(
+                    axum::serve(quiver_proto::tls::TlsListener::new(listener, tls), app)
+                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                        .into_future(),
+                ),
+                None => Box::pin(
+                    axum::serve(
+                        listener.tap_io(|tcp| {
+                            // Answers are small and latency-bound: never wait for delayed ACKs.
+                            let _ = tcp.set_nodelay(true);
+                        }),
+                        app,
+                    )
+                    .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                    .into_future(),
+                ),
+            };
         let result = tokio::select! {
             result = served => result.map_err(WorkerError::Serve),
             () = async {

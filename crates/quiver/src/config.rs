@@ -37,6 +37,9 @@ pub struct RegistryFile {
     /// `mcp.d` settings.
     #[serde(default)]
     pub mcp: McpSection,
+    /// TLS of the gRPC and HTTP listeners.
+    #[serde(default)]
+    pub tls: TlsSection,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
@@ -50,6 +53,11 @@ pub struct WorkerFile {
     pub registry: Option<String>,
     /// Worker token for the registry (prefer `QUIVER_TOKEN`).
     pub token: Option<String>,
+    /// PEM CA certificates trusted for an `https://` registry.
+    pub registry_ca: Option<PathBuf>,
+    /// TLS of the HTTP listener.
+    #[serde(default)]
+    pub tls: TlsSection,
     /// HTTP listen address.
     pub http_listen: Option<SocketAddr>,
     /// Identity reported to the registry.
@@ -165,6 +173,117 @@ pub struct EgressSection {
     /// CIDR blocks every resolved address must lie in (`10.0.0.0/8`).
     #[serde(default)]
     pub allow_cidrs: Vec<String>,
+}
+
+/// `[tls]` of the registry and worker configs: PEM certificate chain and
+/// private key of the listeners (both or neither).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// Certificate chain, leaf first.
+    pub cert: Option<PathBuf>,
+    /// Private key of the leaf certificate.
+    pub key: Option<PathBuf>,
+}
+
+/// TLS files that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    /// Only one of certificate and key is set.
+    #[error("{present} is set without {missing}: set both or neither")]
+    Half {
+        /// The flag that is set.
+        present: &'static str,
+        /// The flag that is missing.
+        missing: &'static str,
+    },
+    /// A file cannot be read.
+    #[error("{flag} {path}: cannot read the file: {source}")]
+    Unreadable {
+        /// The flag that named the file.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file holds no usable PEM certificate or key.
+    #[error("{flag} {path}: {source}")]
+    Invalid {
+        /// The flag that named the file.
+        flag: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        source: quiver_proto::tls::TlsError,
+    },
+}
+
+fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|source| TlsFileError::Unreadable {
+        flag,
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The listeners' TLS from `--tls-cert` / `--tls-key` (or the `[tls]`
+/// section, under the flags); `None` when neither is set.
+pub fn server_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    section: TlsSection,
+    config: Option<&Path>,
+) -> Result<Option<quiver_proto::tls::ServerTls>, TlsFileError> {
+    const CERT: &str = "--tls-cert";
+    const KEY: &str = "--tls-key";
+    let cert = cert.or_else(|| section.cert.map(|path| relative_to(config, path)));
+    let key = key.or_else(|| section.key.map(|path| relative_to(config, path)));
+    let (cert, key) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(TlsFileError::Half {
+                present: CERT,
+                missing: KEY,
+            });
+        }
+        (None, Some(_)) => {
+            return Err(TlsFileError::Half {
+                present: KEY,
+                missing: CERT,
+            });
+        }
+        (Some(cert), Some(key)) => (cert, key),
+    };
+    let (cert_pem, key_pem) = (read_pem(CERT, &cert)?, read_pem(KEY, &key)?);
+    quiver_proto::tls::ServerTls::from_pem(&cert_pem, &key_pem)
+        .map(Some)
+        .map_err(|source| {
+            let (flag, path) = match source {
+                quiver_proto::tls::TlsError::Key(_) => (KEY, &key),
+                _ => (CERT, &cert),
+            };
+            TlsFileError::Invalid {
+                flag,
+                path: path.display().to_string(),
+                source,
+            }
+        })
+}
+
+/// The PEM CA of `--registry-ca`, checked; `None` when unset.
+pub fn registry_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>, TlsFileError> {
+    const FLAG: &str = "--registry-ca";
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let pem = read_pem(FLAG, path)?;
+    quiver_proto::tls::client_tls(Some(&pem)).map_err(|source| TlsFileError::Invalid {
+        flag: FLAG,
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Some(pem))
 }
 
 /// A token file that cannot be used.
@@ -294,6 +413,37 @@ pub fn relative_to(config: Option<&Path>, path: PathBuf) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_needs_both_files_and_names_the_flags() {
+        let section = TlsSection {
+            cert: None,
+            key: Some(PathBuf::from("key.pem")),
+        };
+        let err = server_tls(None, None, section, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--tls-key is set without --tls-cert: set both or neither"
+        );
+        assert!(matches!(
+            server_tls(None, None, TlsSection::default(), None),
+            Ok(None)
+        ));
+        let err = server_tls(
+            Some(PathBuf::from("/nonexistent/cert.pem")),
+            Some(PathBuf::from("/nonexistent/key.pem")),
+            TlsSection::default(),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--tls-cert /nonexistent/cert.pem"),
+            "{err}"
+        );
+        let err = registry_ca(Some(Path::new("/nonexistent/ca.pem"))).unwrap_err();
+        assert!(err.to_string().starts_with("--registry-ca"), "{err}");
+    }
 
     #[test]
     fn example_registry_config_parses() {

@@ -102,6 +102,7 @@ impl Stack {
                 upstream,
                 audit: AuditOptions::default(),
                 catalog_wait: DEFAULT_CATALOG_WAIT,
+                tls: None,
             },
             shutdown.clone(),
         )

@@ -131,6 +131,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             upstream,
             audit: AuditOptions::default(),
             catalog_wait: DEFAULT_CATALOG_WAIT,
+            tls: None,
         },
         shutdown.clone(),
     )

@@ -63,6 +63,12 @@ pub struct RegistryArgs {
     /// Watch heartbeat period in seconds [default: 15].
     #[arg(long, env = "QUIVER_HEARTBEAT_SECS")]
     pub heartbeat_secs: Option<u64>,
+    /// PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key).
+    #[arg(long, env = "QUIVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "QUIVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -142,6 +148,12 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         },
         change_log_retention: retention.filter(|&n| n > 0),
         preview_egress: super::worker::egress_policy(args.egress, file.egress)?,
+        tls: config::server_tls(
+            args.tls_cert,
+            args.tls_key,
+            file.tls,
+            args.config.as_deref(),
+        )?,
         ..defaults
     };
     Ok(RegistrySettings {
@@ -208,6 +220,7 @@ pub async fn serve(
         grpc = %registry.grpc_addr(),
         http = %registry.http_addr(),
         insecure = registry.is_insecure(),
+        tls = registry.is_tls(),
         "quiver {banner} listening"
     );
     if registry.is_insecure() {

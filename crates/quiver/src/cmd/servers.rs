@@ -20,6 +20,10 @@ pub struct ServersArgs {
         global = true
     )]
     pub registry: String,
+    /// PEM CA certificates trusted for an https:// --registry [default: the
+    /// system roots].
+    #[arg(long, env = "QUIVER_REGISTRY_CA", global = true)]
+    pub registry_ca: Option<PathBuf>,
     /// Bearer token (admin token for writes).
     #[arg(long, env = "QUIVER_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
@@ -93,8 +97,16 @@ pub enum ServersCommand {
 }
 
 async fn connect(args: &ServersArgs) -> anyhow::Result<RegistryClient> {
-    let channel = Channel::from_shared(args.registry.clone())
-        .with_context(|| format!("invalid --registry URL {:?}", args.registry))?
+    let mut endpoint = Channel::from_shared(args.registry.clone())
+        .with_context(|| format!("invalid --registry URL {:?}", args.registry))?;
+    let ca = crate::config::registry_ca(args.registry_ca.as_deref())?;
+    if endpoint.uri().scheme_str() == Some("https") {
+        let tls = quiver_proto::tls::client_tls(ca.as_deref()).context("--registry-ca")?;
+        endpoint = endpoint.tls_config(tls).context("--registry TLS")?;
+    } else if ca.is_some() {
+        bail!("--registry-ca needs an https:// --registry");
+    }
+    let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("cannot connect to the registry at {}", args.registry))?;

@@ -32,6 +32,16 @@ pub struct WorkerArgs {
     /// File holding the worker token for the registry (trimmed).
     #[arg(long, env = "QUIVER_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// PEM CA certificates trusted for an https:// --registry [default: the
+    /// system roots].
+    #[arg(long, env = "QUIVER_REGISTRY_CA")]
+    pub registry_ca: Option<PathBuf>,
+    /// PEM certificate chain: serve HTTP over TLS (with --tls-key).
+    #[arg(long, env = "QUIVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "QUIVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
     /// A caller token of task "default" (repeatable; comma-separated in the env).
     #[arg(
         long = "caller-token",
@@ -229,17 +239,30 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
     } else {
         args.warm_up
     };
+    let registry_url = args
+        .registry
+        .or(file.registry)
+        .unwrap_or_else(|| "http://127.0.0.1:50051".to_owned());
+    let registry_ca = config::registry_ca(
+        args.registry_ca
+            .or_else(|| {
+                file.registry_ca
+                    .map(|path| config::relative_to(args.config.as_deref(), path))
+            })
+            .as_deref(),
+    )?;
+    if registry_ca.is_some() && !registry_url.starts_with("https://") {
+        bail!("--registry-ca needs an https:// --registry (got {registry_url})");
+    }
     let options = WorkerOptions {
         http_listen: args
             .http_listen
             .or(file.http_listen)
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8090))),
         sync: SyncOptions {
-            registry_url: args
-                .registry
-                .or(file.registry)
-                .unwrap_or_else(|| "http://127.0.0.1:50051".to_owned()),
+            registry_url,
             token: token.or(file.token),
+            registry_ca,
             worker_id: args
                 .worker_id
                 .or(file.worker_id)
@@ -258,6 +281,12 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
         upstream: upstream_options(args.upstream, file.upstream)?,
         audit: file.audit.into_options(),
         catalog_wait,
+        tls: config::server_tls(
+            args.tls_cert,
+            args.tls_key,
+            file.tls,
+            args.config.as_deref(),
+        )?,
     };
     Ok((
         options,
@@ -278,10 +307,11 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 /// Starts a worker and serves it until `shutdown`.
 pub async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let registry = options.sync.registry_url.clone();
+    let tls = options.tls.is_some();
     let worker = Worker::start(options, shutdown)
         .await
         .context("starting the worker")?;
-    tracing::info!(http = %worker.http_addr(), registry = %registry, "quiver worker listening");
+    tracing::info!(http = %worker.http_addr(), registry = %registry, tls, "quiver worker listening");
     worker.run().await?;
     tracing::info!("quiver worker stopped");
     Ok(())
