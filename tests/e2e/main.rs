@@ -16,6 +16,7 @@ mod graceful_shutdown;
 mod harness;
 mod metrics;
 mod openai_sdk;
+mod otlp;
 mod registry_concurrency;
 mod replicas;
 mod security;

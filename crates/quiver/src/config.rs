@@ -390,6 +390,8 @@ pub struct McpSection {
 pub struct LogSection {
     /// `text` or `json`.
     pub format: Option<LogFormat>,
+    /// OTLP/HTTP collector base URL for trace export (off when unset).
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Reads a config file; a missing `path` gives the empty config.

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::worker::{UpstreamArgs, upstream_options};
 use crate::config::UpstreamSection;
-use crate::telemetry::{self, LogFormat};
+use crate::telemetry::{self, LogFormat, LogSettings, OtlpEndpoint};
 
 /// Flags of `quiver dev`.
 #[derive(Args, Debug)]
@@ -50,6 +50,10 @@ pub struct DevArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
+    /// trace spans there as protobuf (off by default).
+    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Chat upstream (none by default: dev stays offline).
     #[command(flatten)]
     pub upstream: UpstreamArgs,
@@ -77,7 +81,16 @@ fn env_with_own_dir_on_path() -> quiver_mcp::launch::EnvLookup {
 /// Runs `quiver dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     super::registry::take_over_sighup();
-    telemetry::init_logging(args.log_format);
+    let log = LogSettings {
+        format: args.log_format,
+        otlp_endpoint: args
+            .otlp_endpoint
+            .as_deref()
+            .filter(|value| !value.is_empty())
+            .map(OtlpEndpoint::parse)
+            .transpose()?,
+    };
+    let tracing_guard = telemetry::init_tracing(&log, "quiver-dev")?;
     let metrics = telemetry::init_metrics()?;
     let store = quiver_store::open(&args.database_url)
         .await
@@ -151,6 +164,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     );
     tokio::spawn(super::registry::shutdown_on_signal(shutdown));
     let (registry, worker) = tokio::join!(registry.run(), worker.run());
+    tracing_guard.shutdown();
     registry?;
     worker?;
     tracing::info!("quiver dev stopped");

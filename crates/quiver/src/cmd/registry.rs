@@ -14,7 +14,7 @@ use quiver_registry::{Registry, RegistryOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, RegistryFile};
-use crate::telemetry::{self, LogFormat};
+use crate::telemetry::{self, LogFormat, LogSettings};
 
 /// Flags of `quiver registry` (each also `QUIVER_<FLAG>`).
 #[derive(Args, Debug, Default)]
@@ -72,6 +72,10 @@ pub struct RegistryArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
+    /// trace spans there as protobuf (off by default).
+    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Egress allowlist of tool previews (as on workers).
     #[command(flatten)]
     pub egress: super::worker::EgressArgs,
@@ -83,8 +87,8 @@ pub struct RegistrySettings {
     pub database_url: String,
     /// Server options.
     pub options: RegistryOptions,
-    /// Log format.
-    pub log_format: LogFormat,
+    /// Log format and trace export.
+    pub log: LogSettings,
 }
 
 /// Layers defaults < config file < env < flags.
@@ -162,7 +166,7 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             .or(file.database_url)
             .unwrap_or_else(|| "sqlite://quiver.db".to_owned()),
         options,
-        log_format: args.log_format.or(file.log.format).unwrap_or_default(),
+        log: LogSettings::layered(args.log_format, args.otlp_endpoint, file.log)?,
     })
 }
 
@@ -173,7 +177,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         take_over_sighup();
     }
     let settings = settings(args)?;
-    telemetry::init_logging(settings.log_format);
+    let tracing_guard = telemetry::init_tracing(&settings.log, "quiver-registry")?;
     let store = quiver_store::open(&settings.database_url)
         .await
         .with_context(|| format!("opening store {}", redact_url(&settings.database_url)))?;
@@ -195,7 +199,9 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     }
     let mut options = settings.options;
     options.metrics = Some(telemetry::init_metrics()?);
-    serve(store, options, "registry").await
+    let served = serve(store, options, "registry").await;
+    tracing_guard.shutdown();
+    served
 }
 
 /// SIGHUP asks for an `mcp.d` rescan, but its default action kills the

@@ -14,7 +14,7 @@ use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, EgressSection, UpstreamSection, WorkerFile};
-use crate::telemetry::{self, LogFormat};
+use crate::telemetry::{self, LogFormat, LogSettings};
 
 /// Flags of `quiver worker` (each also `QUIVER_<FLAG>`).
 #[derive(Args, Debug, Default)]
@@ -69,6 +69,10 @@ pub struct WorkerArgs {
     /// Log format.
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
+    /// trace spans there as protobuf (off by default).
+    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Chat upstream.
     #[command(flatten)]
     pub upstream: UpstreamArgs,
@@ -165,7 +169,7 @@ fn default_worker_id() -> String {
 }
 
 /// Layers defaults < config file < env < flags into worker options.
-pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
+pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)> {
     let file: WorkerFile = config::load(args.config.as_deref())?;
     let token = config::token_or_file(
         args.token,
@@ -288,20 +292,20 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogFormat)> {
             args.config.as_deref(),
         )?,
     };
-    Ok((
-        options,
-        args.log_format.or(file.log.format).unwrap_or_default(),
-    ))
+    let log = LogSettings::layered(args.log_format, args.otlp_endpoint, file.log)?;
+    Ok((options, log))
 }
 
 /// Runs `quiver worker`.
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let (mut options, log_format) = options(args)?;
-    telemetry::init_logging(log_format);
+    let (mut options, log) = options(args)?;
+    let tracing_guard = telemetry::init_tracing(&log, "quiver-worker")?;
     options.metrics = Some(telemetry::init_metrics()?);
     let shutdown = CancellationToken::new();
     tokio::spawn(super::registry::shutdown_on_signal(shutdown.clone()));
-    serve(options, shutdown).await
+    let served = serve(options, shutdown).await;
+    tracing_guard.shutdown();
+    served
 }
 
 /// Starts a worker and serves it until `shutdown`.
