@@ -2,14 +2,13 @@
 //! every acknowledged write is there with exactly its acknowledged revision,
 //! the change log has no gap, and new writes continue after the old head.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use quiver_proto::v1 as pb;
 use quiver_testkit::postgres::TestDatabase;
 
-use crate::harness::{RegistryProcess, stdio_spec, upsert, upserted_revision};
+use crate::harness::{RegistryProcess, WriteLoad, stdio_spec, upsert, upserted_revision};
 
 const ADMIN: &str = "admin-secret";
 const WRITERS: usize = 4;
@@ -17,49 +16,12 @@ const WRITERS: usize = 4;
 async fn crash_and_recover(database_url: &str, backend: &str) {
     let mut registry = RegistryProcess::with_admin(database_url, ADMIN).await;
 
-    let acknowledged: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let mut client = registry.client(Some(ADMIN)).await;
-        let acknowledged = acknowledged.clone();
-        writers.push(tokio::spawn(async move {
-            for i in 0.. {
-                let id = format!("c{w}-{i}");
-                match upsert(&mut client, stdio_spec(&id, "v1")).await {
-                    Ok(response) => {
-                        let revision = upserted_revision(&response);
-                        acknowledged.lock().unwrap().insert(id, revision);
-                    }
-                    // The registry is gone: this write (and only this one) is in doubt.
-                    Err(status) => return (i, status),
-                }
-            }
-            unreachable!()
-        }));
-    }
+    let load = WriteLoad::start(&registry, ADMIN, WRITERS, "c", |id| stdio_spec(id, "v1")).await;
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let acked_before_kill = acknowledged.lock().unwrap().len();
+    let acked_before_kill = load.acknowledged_count();
     registry.kill_hard();
-    let mut attempted = 0;
-    for writer in writers {
-        let (count, status) = tokio::time::timeout(Duration::from_secs(10), writer)
-            .await
-            .expect("writers notice the crash")
-            .expect("writer task");
-        attempted += count + 1;
-        assert!(
-            matches!(
-                status.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::Cancelled
-            ),
-            "unexpected error after the crash: {status}"
-        );
-    }
-    let acknowledged = acknowledged.lock().unwrap().clone();
+    let (attempted, acknowledged) = load.join_after_crash().await;
     let in_doubt = attempted - acknowledged.len();
     assert!(acked_before_kill > 0, "no write was acknowledged in 300 ms");
     let max_acked = acknowledged.values().copied().max().unwrap();

@@ -34,8 +34,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, Client, RegistryProcess, WorkerProcess, eventually, proc_stat, processes, quiver_bin,
-    stdio_spec, upsert, upserted_revision,
+    Admin, Client, RegistryProcess, WorkerProcess, WriteLoad, eventually, proc_stat, processes,
+    quiver_bin, stdio_spec, upsert, upserted_revision,
 };
 use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
@@ -280,49 +280,13 @@ async fn registry_sigkill_with_workers_serving() {
     }
 
     // Writers: distinct disabled records (the worker never connects to them).
-    let acknowledged: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let mut writers = Vec::new();
-    for w in 0..4 {
-        let mut client = stack.registry.client(Some(ADMIN)).await;
-        let acknowledged = acknowledged.clone();
-        writers.push(tokio::spawn(async move {
-            for i in 0.. {
-                let id = format!("w{w}-{i}");
-                match upsert(&mut client, disabled_spec(&id)).await {
-                    Ok(response) => {
-                        let revision = upserted_revision(&response);
-                        acknowledged.lock().unwrap().insert(id, revision);
-                    }
-                    Err(status) => return (i, status),
-                }
-            }
-            unreachable!()
-        }));
-    }
+    let load = WriteLoad::start(&stack.registry, ADMIN, 4, "w", disabled_spec).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let grpc = stack.registry.grpc_addr();
     stack.registry.kill_hard();
     let killed = Instant::now();
     registry_down.store(true, Ordering::SeqCst);
-    let mut attempted = 0;
-    for writer in writers {
-        let (count, status) = tokio::time::timeout(Duration::from_secs(10), writer)
-            .await
-            .expect("writers notice the crash")
-            .expect("writer task");
-        attempted += count + 1;
-        assert!(
-            matches!(
-                status.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::Cancelled
-            ),
-            "unexpected error after the crash: {status}"
-        );
-    }
-    let acknowledged = acknowledged.lock().unwrap().clone();
+    let (attempted, acknowledged) = load.join_after_crash().await;
     assert!(!acknowledged.is_empty(), "no write acknowledged in 400 ms");
 
     // The outage: the worker notices and keeps serving from its snapshot.

@@ -140,6 +140,82 @@ pub fn upserted_revision(response: &pb::UpsertMcpServerResponse) -> u64 {
         .revision
 }
 
+/// Concurrent clients upserting new records (`<prefix><writer>-<i>`) as
+/// fast as they can until the registry fails them, recording the revision
+/// of every acknowledged write: the load of the crash tests.
+pub struct WriteLoad {
+    acknowledged: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+    writers: Vec<tokio::task::JoinHandle<(usize, tonic::Status)>>,
+}
+
+impl WriteLoad {
+    /// Starts `writers` clients of `registry` with `token`; `spec` makes the
+    /// record of an id.
+    pub async fn start(
+        registry: &RegistryProcess,
+        token: &str,
+        writers: usize,
+        prefix: &str,
+        spec: fn(&str) -> pb::McpServerSpec,
+    ) -> WriteLoad {
+        let acknowledged: Arc<Mutex<std::collections::BTreeMap<String, u64>>> = Arc::default();
+        let mut handles = Vec::new();
+        for w in 0..writers {
+            let mut client = registry.client(Some(token)).await;
+            let (acknowledged, prefix) = (acknowledged.clone(), prefix.to_owned());
+            handles.push(tokio::spawn(async move {
+                for i in 0.. {
+                    let id = format!("{prefix}{w}-{i}");
+                    match upsert(&mut client, spec(&id)).await {
+                        Ok(response) => {
+                            let revision = upserted_revision(&response);
+                            acknowledged.lock().unwrap().insert(id, revision);
+                        }
+                        // The registry is gone: this write (and only this one) is in doubt.
+                        Err(status) => return (i, status),
+                    }
+                }
+                unreachable!()
+            }));
+        }
+        WriteLoad {
+            acknowledged,
+            writers: handles,
+        }
+    }
+
+    /// Writes acknowledged so far.
+    pub fn acknowledged_count(&self) -> usize {
+        self.acknowledged.lock().unwrap().len()
+    }
+
+    /// After the registry was killed: waits for every writer to fail the way
+    /// a crash fails a call; returns the writes attempted and the
+    /// acknowledged ones with their revisions.
+    pub async fn join_after_crash(self) -> (usize, std::collections::BTreeMap<String, u64>) {
+        let mut attempted = 0;
+        for writer in self.writers {
+            let (count, status) = tokio::time::timeout(Duration::from_secs(10), writer)
+                .await
+                .expect("writers notice the crash")
+                .expect("writer task");
+            attempted += count + 1;
+            assert!(
+                matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Unknown
+                        | tonic::Code::Internal
+                        | tonic::Code::Cancelled
+                ),
+                "unexpected error after the crash: {status}"
+            );
+        }
+        let acknowledged = self.acknowledged.lock().unwrap().clone();
+        (attempted, acknowledged)
+    }
+}
+
 /// Ring buffer of the last log lines of a process.
 type LogTail = Arc<Mutex<VecDeque<String>>>;
 
