@@ -462,6 +462,23 @@ impl McpPool {
         self.list_tools(server).await.map(|_| ())
     }
 
+    /// The server's cached tool list (or recent listing failure), without
+    /// any I/O; `None` when [`list_tools`](Self::list_tools) would have to
+    /// fetch.
+    pub fn cached_tools(
+        &self,
+        server: &Arc<StoredServer>,
+    ) -> Option<Result<Arc<Vec<Tool>>, McpError>> {
+        let entry = self.entry(server);
+        let options = &self.inner.options;
+        let hit = entry
+            .tools
+            .lookup(options.tools_ttl, options.tools_negative_ttl)?;
+        metrics::counter!("mcp_tools_list_cache_hits_total", "server_id" => entry.server_id())
+            .increment(1);
+        Some(hit)
+    }
+
     /// The server's tools: cached with a TTL, failures cached briefly, and
     /// concurrent misses sharing one fetch (R-MCP-4). Follows pagination.
     pub async fn list_tools(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {

@@ -31,7 +31,8 @@ pub struct ToolsCache {
 }
 
 impl ToolsCache {
-    fn lookup(
+    /// The cached answer (a fresh list, or a recent failure), if any.
+    pub fn lookup(
         &self,
         ttl: Duration,
         negative_ttl: Duration,

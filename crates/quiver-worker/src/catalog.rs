@@ -104,6 +104,10 @@ async fn list_within(
     let Some(wait) = wait else {
         return pool.list_tools(server).await;
     };
+    // The steady state: answered from the cache, no task needed.
+    if let Some(cached) = pool.cached_tools(server) {
+        return cached;
+    }
     let listing = {
         let (pool, server) = (pool.clone(), server.clone());
         tokio::spawn(async move { pool.list_tools(&server).await })
