@@ -5,7 +5,7 @@
 #
 # Needs PostgreSQL on 127.0.0.1:5432 with trust auth (override with
 # QUIVER_TEST_DATABASE_URL); starts the local cluster if it is installed but down.
-# Needs python3 (with venv and pip) and PyPI for the OpenAI SDK test.
+# Needs python3 (with venv and pip) and PyPI for the Python SDK tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,17 +39,24 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
-# The official OpenAI Python SDK, the caller of the SDK compatibility test
-# (tests/e2e/openai_sdk.rs), in a venv made once and reused while it holds
-# the pinned version.
-OPENAI_SDK_VERSION=3.54.0
+# The official Python peers, in a venv made once and reused while it holds
+# the pinned versions: the OpenAI SDK (caller of tests/e2e/openai_sdk.rs), the
+# MCP SDK `mcp` 2.x (servers and clients of the hostile-peer and gateway
+# tests) and grpcio-reflection (a Python client of the registry's gRPC
+# reflection).
+PY_PINS="openai==3.54.0 mcp==2.3.0 grpcio==1.85.1 grpcio-reflection==1.85.1"
 pyenv="$PWD/target/pyenv"
-if "$pyenv/bin/python" -c "import sys, importlib.metadata as m; sys.exit(m.version('openai') != '$OPENAI_SDK_VERSION')" >/dev/null 2>&1; then
-  echo "using openai==$OPENAI_SDK_VERSION in target/pyenv"
+if "$pyenv/bin/python" - $PY_PINS >/dev/null 2>&1 <<'PY'
+import sys, importlib.metadata as m
+sys.exit(any(m.version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+PY
+then
+  echo "using $PY_PINS in target/pyenv"
 else
-  echo "installing openai==$OPENAI_SDK_VERSION into target/pyenv"
+  echo "installing $PY_PINS into target/pyenv"
   python3 -m venv --clear "$pyenv"
-  "$pyenv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_SDK_VERSION"
+  # shellcheck disable=SC2086
+  "$pyenv/bin/python" -m pip install --quiet --disable-pip-version-check $PY_PINS
 fi
 export QUIVER_TEST_PYTHON="$pyenv/bin/python"
 
