@@ -1,6 +1,8 @@
-//! Errors of MCP calls, with the codes of SPEC §10.
+//! Errors of MCP calls, each with its code of the [`ErrorCode`] table.
 
-/// Why an MCP operation failed. Every variant maps to one §10 error code.
+use crate::code::ErrorCode;
+
+/// Why an MCP operation failed. Every variant maps to one [`ErrorCode`].
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum McpError {
     /// The server cannot be reached, failed to start, crashed, or the
@@ -23,13 +25,13 @@ pub enum McpError {
 }
 
 impl McpError {
-    /// The §10 error code.
-    pub fn code(&self) -> &'static str {
+    /// The error code.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            McpError::Unavailable(_) | McpError::Protocol(_) => "mcp_unavailable",
-            McpError::Timeout(_) => "mcp_timeout",
-            McpError::InvalidArguments(_) => "mcp_invalid_arguments",
-            McpError::EgressDenied(_) => "mcp_policy_denied",
+            McpError::Unavailable(_) | McpError::Protocol(_) => ErrorCode::McpUnavailable,
+            McpError::Timeout(_) => ErrorCode::McpTimeout,
+            McpError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
+            McpError::EgressDenied(_) => ErrorCode::McpPolicyDenied,
         }
     }
 

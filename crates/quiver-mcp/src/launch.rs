@@ -172,7 +172,7 @@ mod tests {
             auth_ref: None,
         });
         let err = launch(&spec, &env()).unwrap_err();
-        assert_eq!(err.code(), "mcp_unavailable");
+        assert_eq!(err.code(), crate::ErrorCode::McpUnavailable);
         assert!(err.to_string().contains("MISSING"), "{err}");
         assert!(
             err.to_string().contains("http.headers.Authorization"),

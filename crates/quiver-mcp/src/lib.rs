@@ -3,6 +3,7 @@
 //! streamable HTTP, and the legacy HTTP+SSE transport ([`legacy_sse`],
 //! implemented here as an rmcp transport, since rmcp no longer ships one).
 
+mod code;
 pub mod connection;
 pub mod egress;
 mod error;
@@ -13,6 +14,7 @@ mod pool;
 pub mod probe;
 mod tools;
 
+pub use code::ErrorCode;
 pub use error::McpError;
 pub use pool::{CallOutcome, HealthState, McpPool, PoolOptions, ServerHealth};
 pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};

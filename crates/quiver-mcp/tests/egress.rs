@@ -46,10 +46,18 @@ async fn a_resolved_host_outside_the_cidrs_is_refused_every_time() {
     let record = server("outside", &url);
     for attempt in 0..2 {
         let err = pool.list_tools(&record).await.unwrap_err();
-        assert_eq!(err.code(), "mcp_policy_denied", "attempt {attempt}: {err}");
+        assert_eq!(
+            err.code(),
+            quiver_mcp::ErrorCode::McpPolicyDenied,
+            "attempt {attempt}: {err}"
+        );
         assert!(err.to_string().contains("\"localhost\""), "{err}");
         let err = pool.call_tool(&record, "echo", None).await.unwrap_err();
-        assert_eq!(err.code(), "mcp_policy_denied", "attempt {attempt}: {err}");
+        assert_eq!(
+            err.code(),
+            quiver_mcp::ErrorCode::McpPolicyDenied,
+            "attempt {attempt}: {err}"
+        );
     }
     let health = pool.health();
     assert_eq!(health[0].state, HealthState::Down);
@@ -75,7 +83,7 @@ async fn hosts_allowed_by_name_or_cidr_connect_and_literals_outside_are_refused_
     named.list_tools(&server("named", &by_name)).await.unwrap();
     let literal = server("literal", http.url());
     let err = named.list_tools(&literal).await.unwrap_err();
-    assert_eq!(err.code(), "mcp_policy_denied");
+    assert_eq!(err.code(), quiver_mcp::ErrorCode::McpPolicyDenied);
     assert!(!err.retryable());
     // Refused when the entry is built: down before any connect.
     assert!(

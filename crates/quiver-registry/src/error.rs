@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use quiver_mcp::ErrorCode as WorkerCode;
 use quiver_mcp::probe::{ProbeError, ProbeStep};
 use quiver_model::ModelError;
 use quiver_store::StoreError;
@@ -145,12 +146,12 @@ impl ErrorCode {
             // The registry is the gateway to the MCP server here, so the
             // upstream's failure is a 502/504, not the registry's own 503.
             ErrorCode::McpUnavailable => (
-                "mcp_unavailable",
+                WorkerCode::McpUnavailable.as_str(),
                 tonic::Code::Unavailable,
                 StatusCode::BAD_GATEWAY,
             ),
             ErrorCode::McpTimeout => (
-                "mcp_timeout",
+                WorkerCode::McpTimeout.as_str(),
                 tonic::Code::DeadlineExceeded,
                 StatusCode::GATEWAY_TIMEOUT,
             ),

@@ -164,7 +164,7 @@ async fn list_tools(
     if let Err(err) = check_session_within_task(&task.policy, &session) {
         return error_response(
             StatusCode::FORBIDDEN,
-            "mcp_policy_denied",
+            quiver_mcp::ErrorCode::McpPolicyDenied.as_str(),
             err.to_string(),
             false,
         );
@@ -238,7 +238,7 @@ async fn call(
                 | CallError::Mcp(McpError::InvalidArguments(_) | McpError::Protocol(_)) => None,
                 other => Some(other.to_string()),
             };
-            tracing::debug!(name = %request.name, elapsed_ms = started.elapsed().as_millis() as u64, code = err.code(), error = detail.as_deref(), "tool call failed");
+            tracing::debug!(name = %request.name, elapsed_ms = started.elapsed().as_millis() as u64, code = err.code().as_str(), error = detail.as_deref(), "tool call failed");
             let status = match &err {
                 CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => {
                     StatusCode::FORBIDDEN
@@ -249,7 +249,7 @@ async fn call(
                 CallError::Mcp(McpError::EgressDenied(_)) => StatusCode::FORBIDDEN,
                 CallError::Mcp(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
-            error_response(status, err.code(), err.to_string(), err.retryable())
+            error_response(status, err.code().as_str(), err.to_string(), err.retryable())
         }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::{CallOutcome, ContentBlock, JsonObject, McpError, McpPool};
+use quiver_mcp::{CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool};
 use quiver_model::policy::CompiledSessionFilter;
 use quiver_sync::Snapshot;
 use serde::Deserialize;
@@ -50,12 +50,12 @@ impl CallError {
         CallError::PolicyDenied(format!("{name:?} is not a tool available to this caller"))
     }
 
-    /// The §10 code.
-    pub fn code(&self) -> &'static str {
+    /// The error code.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            CallError::PolicyDenied(_) => "mcp_policy_denied",
-            CallError::ApprovalRequired(_) => "mcp_approval_required",
-            CallError::InvalidArguments(_) => "mcp_invalid_arguments",
+            CallError::PolicyDenied(_) => ErrorCode::McpPolicyDenied,
+            CallError::ApprovalRequired(_) => ErrorCode::McpApprovalRequired,
+            CallError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
             CallError::Mcp(err) => err.code(),
         }
     }
@@ -102,13 +102,13 @@ impl CallDone {
                 })
                 .collect();
             return Some(
-                json!({"code": "mcp_tool_error", "message": text.join("\n"), "retryable": false}),
+                json!({"code": ErrorCode::McpToolError, "message": text.join("\n"), "retryable": false}),
             );
         }
         let output = self.outcome.output;
         output.truncated().then(|| {
             json!({
-                "code": "mcp_output_too_large",
+                "code": ErrorCode::McpOutputTooLarge,
                 "message": format!("output truncated to {} of {} bytes", output.kept, output.original),
                 "retryable": false,
             })
@@ -262,10 +262,12 @@ impl ToolRunner {
             .await;
         let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
         let status = match &result {
-            Ok(outcome) if outcome.result.is_error == Some(true) => "mcp_tool_error",
-            Ok(outcome) if outcome.output.truncated() => "mcp_output_too_large",
+            Ok(outcome) if outcome.result.is_error == Some(true) => {
+                ErrorCode::McpToolError.as_str()
+            }
+            Ok(outcome) if outcome.output.truncated() => ErrorCode::McpOutputTooLarge.as_str(),
             Ok(_) => "ok",
-            Err(err) => err.code(),
+            Err(err) => err.code().as_str(),
         };
         let duration = started.elapsed();
         metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);

@@ -112,8 +112,7 @@ async fn serve(state: &ApiState, task: &Task, context: &CallContext, raw: Bytes)
         .find(|tool| request.caller_tools.contains(&tool.injected_name))
     {
         return request_error(&RequestError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_request",
+            code: quiver_mcp::ErrorCode::InvalidRequest,
             field: "tools".into(),
             message: format!(
                 "tools: {:?} is the name of an injected MCP tool; rename the caller's tool",
@@ -280,7 +279,7 @@ async fn sse_response(mut rx: mpsc::Receiver<Outgoing>) -> Response {
 
 fn request_error(err: &RequestError) -> Response {
     (
-        err.status,
+        err.code.http_status(),
         axum::Json(json!({"error": {
             "code": err.code,
             "message": err.message,

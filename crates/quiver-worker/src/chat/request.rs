@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use axum::http::StatusCode;
+use quiver_mcp::ErrorCode;
 use quiver_model::budget::{BudgetLimits, SessionBudgets};
 use quiver_model::policy::{CompiledSessionFilter, SessionFilter, check_session_within_task};
 use serde::Deserialize;
@@ -15,10 +15,9 @@ use crate::auth::Task;
 /// A request refused before anything was sent upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestError {
-    /// 400 for malformed input, 403 for asking more than the task allows.
-    pub status: StatusCode,
-    /// Stable code: `invalid_request` or `mcp_policy_denied`.
-    pub code: &'static str,
+    /// `invalid_request` for malformed input, `mcp_policy_denied` for
+    /// asking more than the task allows.
+    pub code: ErrorCode,
     /// The offending field, e.g. `mcp.server_ids[1]`.
     pub field: String,
     /// What is wrong.
@@ -29,8 +28,7 @@ impl RequestError {
     fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         let field = field.into();
         RequestError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_request",
+            code: ErrorCode::InvalidRequest,
             message: format!("{field}: {}", message.into()),
             field,
         }
@@ -39,8 +37,7 @@ impl RequestError {
     fn denied(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
         let field = field.into();
         RequestError {
-            status: StatusCode::FORBIDDEN,
-            code: "mcp_policy_denied",
+            code: ErrorCode::McpPolicyDenied,
             message: format!("mcp.{message}"),
             field,
         }
@@ -376,7 +373,7 @@ mod tests {
         for (body, field) in cases {
             let err = parse(body.clone(), &t).unwrap_err();
             assert_eq!(err.field, field, "{body}: {err:?}");
-            assert_eq!(err.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{body}");
             assert!(err.message.starts_with(field), "{body}: {}", err.message);
         }
     }
@@ -397,8 +394,8 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            (err.status, err.code, err.field.as_str()),
-            (StatusCode::FORBIDDEN, "mcp_policy_denied", "mcp.server_ids")
+            (err.code, err.field.as_str()),
+            (ErrorCode::McpPolicyDenied, "mcp.server_ids")
         );
         assert!(err.message.contains("\"web\""), "{}", err.message);
 
@@ -408,8 +405,8 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            (err.status, err.field.as_str()),
-            (StatusCode::FORBIDDEN, "mcp.max_iterations")
+            (err.code, err.field.as_str()),
+            (ErrorCode::McpPolicyDenied, "mcp.max_iterations")
         );
 
         let ok = parse(
@@ -482,6 +479,7 @@ mod proptests {
 
     use proptest::prelude::*;
     use quiver_model::budget::BudgetLimits;
+    use quiver_mcp::ErrorCode;
     use quiver_model::policy::{CompiledTaskPolicy, TaskPolicy};
 
     use super::*;
@@ -580,8 +578,9 @@ mod proptests {
         ]
     }
 
-    /// Parses `raw` for every task: a refusal is a 400/403 with a stable
-    /// code, naming `body` or a field whose root key is in the request.
+    /// Parses `raw` for every task: a refusal is `invalid_request` or
+    /// `mcp_policy_denied`, naming `body` or a field whose root key is in the
+    /// request.
     fn check(raw: &[u8]) -> Result<(), TestCaseError> {
         let keys: Vec<String> = match serde_json::from_slice::<Value>(raw) {
             Ok(Value::Object(map)) => map.keys().cloned().collect(),
@@ -592,11 +591,7 @@ mod proptests {
                 continue;
             };
             prop_assert!(
-                matches!(
-                    (err.status, err.code),
-                    (StatusCode::BAD_REQUEST, "invalid_request")
-                        | (StatusCode::FORBIDDEN, "mcp_policy_denied")
-                ),
+                matches!(err.code, ErrorCode::InvalidRequest | ErrorCode::McpPolicyDenied),
                 "{err:?}"
             );
             prop_assert!(!err.message.is_empty(), "{err:?}");

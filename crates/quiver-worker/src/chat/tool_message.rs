@@ -3,14 +3,14 @@
 //! error object, so a failed call never fails the chat request.
 
 use quiver_mcp::output::truncate_utf8;
-use quiver_mcp::{ContentBlock, ResourceContents};
+use quiver_mcp::{ContentBlock, ErrorCode, ResourceContents};
 use serde_json::{Value, json};
 
 use crate::call::{CallDone, CallError};
 
 /// §10-style code of a call refused because a session budget is used up
 /// (an addition to the codes of SPEC §10).
-pub const BUDGET_EXCEEDED: &str = "mcp_budget_exceeded";
+pub const BUDGET_EXCEEDED: &str = ErrorCode::McpBudgetExceeded.as_str();
 
 /// A tool message's content and what it cost.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,7 +29,7 @@ impl ToolMessage {
     pub fn error(err: &CallError) -> Self {
         ToolMessage {
             content: err.to_json().to_string(),
-            status: err.code(),
+            status: err.code().as_str(),
             output_bytes: 0,
         }
     }
@@ -60,7 +60,7 @@ impl ToolMessage {
             error["message"] = Value::String(kept.to_owned());
             return ToolMessage {
                 content: json!({ "error": error }).to_string(),
-                status: "mcp_tool_error",
+                status: ErrorCode::McpToolError.as_str(),
                 output_bytes,
             };
         }
@@ -68,7 +68,7 @@ impl ToolMessage {
             return ToolMessage {
                 content: json!({
                     "error": {
-                        "code": "mcp_output_too_large",
+                        "code": ErrorCode::McpOutputTooLarge,
                         "message": format!(
                             "output truncated to {} of {} bytes: the request's max_tool_output_bytes budget is used up",
                             kept.len(),
@@ -79,7 +79,7 @@ impl ToolMessage {
                     "output": kept,
                 })
                 .to_string(),
-                status: "mcp_output_too_large",
+                status: ErrorCode::McpOutputTooLarge.as_str(),
                 output_bytes,
             };
         }
@@ -87,7 +87,7 @@ impl ToolMessage {
             // Cut by the server's own output cap (already marked in the text).
             return ToolMessage {
                 content: json!({"error": error, "output": text}).to_string(),
-                status: "mcp_output_too_large",
+                status: ErrorCode::McpOutputTooLarge.as_str(),
                 output_bytes,
             };
         }

@@ -1,0 +1,186 @@
+//! The one table of the error codes a worker answers with (docs/reference.md
+//! §10): MCP call failures, refusals of a request, and upstream failures of
+//! chat. Every code string is written here and nowhere else; the registry's
+//! tool preview takes its `mcp_*` codes from here too, so a preview and a
+//! worker name the same failure the same way.
+
+use http::StatusCode;
+
+/// A stable, machine-readable error code of the worker's APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The MCP server cannot be reached, failed to start, crashed, or the
+    /// worker-wide limits leave no room.
+    McpUnavailable,
+    /// The call exceeded `tool_timeout_ms`.
+    McpTimeout,
+    /// The arguments are not a JSON object or do not match the tool's schema.
+    McpInvalidArguments,
+    /// The caller's policy (or the egress allowlist) refuses the tool, server
+    /// or URL.
+    McpPolicyDenied,
+    /// The output was truncated to the budget (and marked so).
+    McpOutputTooLarge,
+    /// The tool needs an approval before it runs.
+    McpApprovalRequired,
+    /// The server's own `isError` result, its text kept.
+    McpToolError,
+    /// A call not run because a session budget of the chat request is used up.
+    McpBudgetExceeded,
+    /// The request is malformed; the error names the field when it can.
+    InvalidRequest,
+    /// No or unknown bearer token.
+    Unauthenticated,
+    /// No such route.
+    NotFound,
+    /// The route exists but not with this method.
+    MethodNotAllowed,
+    /// The request body is over the listener's limit.
+    PayloadTooLarge,
+    /// The request body is not of a content type the route accepts.
+    UnsupportedMediaType,
+    /// Chat was asked of a worker without an upstream.
+    UpstreamNotConfigured,
+    /// The chat upstream refused the request (its own status and body are
+    /// forwarded when it sent one).
+    UpstreamRejected,
+    /// The chat upstream kept failing (429/5xx) until the retries ran out.
+    UpstreamFailed,
+    /// The chat upstream could not be reached.
+    UpstreamUnavailable,
+    /// The chat upstream did not answer in time.
+    UpstreamTimeout,
+    /// The chat upstream's answer is not a chat completion.
+    UpstreamInvalidResponse,
+    /// The chat upstream's stream broke off or carried an invalid chunk.
+    UpstreamStreamFailed,
+    /// A bug in the worker.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code as it appears in error objects and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        self.mapping().0
+    }
+
+    /// The HTTP status a request failing with this code is answered with.
+    /// `mcp_output_too_large` and `mcp_tool_error` describe a call that did
+    /// answer: they ride on a 200 next to the output.
+    pub const fn http_status(self) -> StatusCode {
+        self.mapping().1
+    }
+
+    /// Whether the same request may succeed if retried later (a default: an
+    /// error may know better, e.g. a JSON-RPC error reported as
+    /// `mcp_unavailable` is not retryable).
+    pub const fn retryable(self) -> bool {
+        self.mapping().2
+    }
+
+    /// The table itself: code, HTTP status, retryable.
+    const fn mapping(self) -> (&'static str, StatusCode, bool) {
+        match self {
+            ErrorCode::McpUnavailable => ("mcp_unavailable", StatusCode::SERVICE_UNAVAILABLE, true),
+            ErrorCode::McpTimeout => ("mcp_timeout", StatusCode::GATEWAY_TIMEOUT, true),
+            ErrorCode::McpInvalidArguments => {
+                ("mcp_invalid_arguments", StatusCode::BAD_REQUEST, false)
+            }
+            ErrorCode::McpPolicyDenied => ("mcp_policy_denied", StatusCode::FORBIDDEN, false),
+            ErrorCode::McpOutputTooLarge => ("mcp_output_too_large", StatusCode::OK, false),
+            ErrorCode::McpApprovalRequired => {
+                ("mcp_approval_required", StatusCode::FORBIDDEN, false)
+            }
+            ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
+            ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
+            ErrorCode::InvalidRequest => ("invalid_request", StatusCode::BAD_REQUEST, false),
+            ErrorCode::Unauthenticated => ("unauthenticated", StatusCode::UNAUTHORIZED, false),
+            ErrorCode::NotFound => ("not_found", StatusCode::NOT_FOUND, false),
+            ErrorCode::MethodNotAllowed => {
+                ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED, false)
+            }
+            ErrorCode::PayloadTooLarge => {
+                ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE, false)
+            }
+            ErrorCode::UnsupportedMediaType => (
+                "unsupported_media_type",
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                false,
+            ),
+            ErrorCode::UpstreamNotConfigured => (
+                "upstream_not_configured",
+                StatusCode::SERVICE_UNAVAILABLE,
+                false,
+            ),
+            ErrorCode::UpstreamRejected => ("upstream_rejected", StatusCode::BAD_GATEWAY, false),
+            ErrorCode::UpstreamFailed => ("upstream_failed", StatusCode::BAD_GATEWAY, true),
+            ErrorCode::UpstreamUnavailable => {
+                ("upstream_unavailable", StatusCode::BAD_GATEWAY, true)
+            }
+            ErrorCode::UpstreamTimeout => ("upstream_timeout", StatusCode::GATEWAY_TIMEOUT, true),
+            ErrorCode::UpstreamInvalidResponse => {
+                ("upstream_invalid_response", StatusCode::BAD_GATEWAY, false)
+            }
+            ErrorCode::UpstreamStreamFailed => {
+                ("upstream_stream_failed", StatusCode::BAD_GATEWAY, true)
+            }
+            ErrorCode::Internal => ("internal", StatusCode::INTERNAL_SERVER_ERROR, true),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [ErrorCode; 22] = [
+        ErrorCode::McpUnavailable,
+        ErrorCode::McpTimeout,
+        ErrorCode::McpInvalidArguments,
+        ErrorCode::McpPolicyDenied,
+        ErrorCode::McpOutputTooLarge,
+        ErrorCode::McpApprovalRequired,
+        ErrorCode::McpToolError,
+        ErrorCode::McpBudgetExceeded,
+        ErrorCode::InvalidRequest,
+        ErrorCode::Unauthenticated,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::UpstreamNotConfigured,
+        ErrorCode::UpstreamRejected,
+        ErrorCode::UpstreamFailed,
+        ErrorCode::UpstreamUnavailable,
+        ErrorCode::UpstreamTimeout,
+        ErrorCode::UpstreamInvalidResponse,
+        ErrorCode::UpstreamStreamFailed,
+        ErrorCode::Internal,
+    ];
+
+    #[test]
+    fn codes_are_distinct_snake_case_strings() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ALL {
+            let text = code.as_str();
+            assert!(seen.insert(text), "{text} twice");
+            assert!(
+                text.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{text}"
+            );
+            assert_eq!(serde_json::to_value(code).unwrap(), text);
+        }
+    }
+}
