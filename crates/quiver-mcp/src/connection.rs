@@ -2,18 +2,21 @@
 //!
 //! Stdio children run in their own process group, with a minimal
 //! environment, stdout reserved for the protocol and stderr captured into a
-//! bounded tail for diagnostics; closing a connection kills the whole group
-//! and reaps it.
+//! bounded tail for diagnostics; closing a connection ends everything the
+//! server started ([`crate::process_tree`]) and reaps it. What the server
+//! sends on its own (log notifications and the like) goes to its
+//! [`ServerLog`], never one log line per message.
 
 use std::collections::VecDeque;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
+use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
-use rmcp::service::{Peer, RunningService};
+use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
@@ -22,6 +25,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
+use crate::peer_events::PeerEvents;
+use crate::process_tree;
+use crate::server_log::ServerLog;
 
 /// Lines of stderr kept per server.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -33,6 +39,7 @@ const STDERR_LINE_MAX: usize = 1024;
 pub struct StderrTail {
     lines: Arc<Mutex<VecDeque<String>>>,
     readers: Arc<Readers>,
+    events: Arc<PeerEvents>,
 }
 
 /// Stderr pipes still being read into a tail.
@@ -95,7 +102,9 @@ impl StderrTail {
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(target: "quiver::mcp::stderr", pid, line = %line);
+                if let Some(suppressed) = tail.events.admit("stderr") {
+                    tracing::debug!(target: "quiver::mcp::stderr", pid, suppressed, line = %line);
+                }
                 tail.push(&line);
             }
             tail.readers.open.fetch_sub(1, Ordering::AcqRel);
@@ -120,19 +129,44 @@ pub struct ConnectSettings {
 /// A connected, initialized MCP client.
 pub struct Connection {
     peer: Peer<RoleClient>,
-    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientConfig>>>,
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientSide>>>,
     pid: Option<u32>,
+    /// The stdio server's [`process_tree::INSTANCE_VAR`] value.
+    instance: String,
+    log: ServerLog,
+    /// Why the worker closed the connection on purpose, for the calls it cut off.
+    recycled: OnceLock<String>,
     /// Holds one of the worker's child-process slots while the child lives.
     _child_slot: Option<OwnedSemaphorePermit>,
     /// When the connection was established.
     pub connected_at: Instant,
 }
 
-fn client_info() -> ClientConfig {
-    ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
-    )
+/// The worker's side of a connection: who it is, and where what the server
+/// sends on its own goes.
+pub struct ClientSide {
+    log: ServerLog,
+}
+
+impl ClientHandler for ClientSide {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    #[expect(
+        deprecated,
+        reason = "SEP-2577 deprecates server logging, but servers still send it (and flood with it)"
+    )]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.log.record(&params);
+    }
 }
 
 impl Connection {
@@ -141,17 +175,22 @@ impl Connection {
         launch: &Launch,
         settings: &ConnectSettings,
         stderr: &StderrTail,
+        log: &ServerLog,
         child_slot: Option<OwnedSemaphorePermit>,
     ) -> Result<Self, McpError> {
         let deadline = settings.initialize_timeout;
+        let instance = process_tree::instance_marker();
+        let client_side = || ClientSide { log: log.clone() };
         let connecting = async {
             match launch {
-                Launch::Stdio(stdio) => Self::open_stdio(stdio, stderr).await,
+                Launch::Stdio(stdio) => {
+                    Self::open_stdio(stdio, stderr, &instance, client_side()).await
+                }
                 Launch::StreamableHttp(http) => {
                     let url = parse_url(&http.url)?;
                     let client = settings.egress.client_for(&url, &settings.http).await?;
                     let transport = streamable_http(http, client, settings)?;
-                    Ok((serve(client_info().serve(transport)).await?, None))
+                    Ok((serve(client_side().serve(transport)).await?, None))
                 }
                 Launch::LegacySse(http) => {
                     let url = parse_url(&http.url)?;
@@ -166,7 +205,7 @@ impl Connection {
                     .map_err(|err| {
                         McpError::Unavailable(format!("legacy sse connect failed: {err}"))
                     })?;
-                    Ok((serve(client_info().serve(transport)).await?, None))
+                    Ok((serve(client_side().serve(transport)).await?, None))
                 }
             }
         };
@@ -191,6 +230,9 @@ impl Connection {
             peer: service.peer().clone(),
             service: tokio::sync::Mutex::new(Some(service)),
             pid,
+            instance,
+            log: log.clone(),
+            recycled: OnceLock::new(),
             _child_slot: child_slot,
             connected_at: Instant::now(),
         })
@@ -199,9 +241,15 @@ impl Connection {
     async fn open_stdio(
         launch: &StdioLaunch,
         stderr_tail: &StderrTail,
-    ) -> Result<(RunningService<RoleClient, ClientConfig>, Option<u32>), McpError> {
+        instance: &str,
+        client_side: ClientSide,
+    ) -> Result<(RunningService<RoleClient, ClientSide>, Option<u32>), McpError> {
         let mut command = tokio::process::Command::new(&launch.command);
-        command.args(&launch.args).env_clear().envs(&launch.env);
+        command
+            .args(&launch.args)
+            .env_clear()
+            .envs(&launch.env)
+            .env(process_tree::INSTANCE_VAR, instance);
         if let Some(cwd) = &launch.cwd {
             command.current_dir(cwd);
         }
@@ -218,7 +266,7 @@ impl Connection {
         if let Some(stderr) = stderr {
             stderr_tail.follow(stderr, pid);
         }
-        Ok((serve(client_info().serve(transport)).await?, pid))
+        Ok((serve(client_side.serve(transport)).await?, pid))
     }
 
     /// The client side of the connection (cheap to clone, multiplexes requests).
@@ -236,58 +284,60 @@ impl Connection {
         self.peer.is_transport_closed()
     }
 
-    /// Closes the connection; for stdio, terminates and reaps the process group.
+    /// The server's log tail and event rate limit.
+    pub fn log(&self) -> &ServerLog {
+        &self.log
+    }
+
+    /// Why the worker recycled this connection, if it did.
+    pub fn recycled(&self) -> Option<&str> {
+        self.recycled.get().map(String::as_str)
+    }
+
+    /// Closes the connection; for stdio, ends and reaps what the server started.
     pub async fn close(&self) {
         let service = self.service.lock().await.take();
         if let Some(mut service) = service {
+            // Looked up while the server lives: its parent links lead to
+            // what it started, even what left its process group.
+            let started = self.pid.map(process_tree::descendants);
             // The child transport closes stdin, waits, sends SIGTERM, then
             // kills the group, and reaps the server.
             let _ = service.close_with_timeout(Duration::from_secs(5)).await;
             // A server that exits by itself once stdin closes (or crashed)
-            // takes only itself along: what it started in its group goes now.
-            if let Some(pid) = self.pid {
-                end_process_group(pid).await;
+            // takes only itself along: what it started goes now.
+            if let (Some(pid), Some(started)) = (self.pid, started) {
+                process_tree::end(pid, &self.instance, started).await;
             }
         }
     }
-}
 
-/// How long what is left of a server's process group gets after SIGTERM.
-const GROUP_GRACE: Duration = Duration::from_secs(1);
-
-/// Ends the remains of a stdio server's process group (its id is the
-/// server's pid: the server is the group's leader): SIGTERM, up to
-/// [`GROUP_GRACE`] to go, then SIGKILL. The kernel does not hand out a pid
-/// that is still a group's id, so this cannot reach anyone else's group.
-async fn end_process_group(pgid: u32) {
-    use nix::errno::Errno;
-    use nix::sys::signal::{Signal, killpg};
-    use nix::unistd::Pid;
-
-    let Ok(pgid) = i32::try_from(pgid) else {
-        return;
-    };
-    let group = Pid::from_raw(pgid);
-    if killpg(group, Signal::SIGTERM) == Err(Errno::ESRCH) {
-        return;
-    }
-    tracing::debug!(
-        pgid,
-        "stdio server left processes in its group; terminating them"
-    );
-    let deadline = Instant::now() + GROUP_GRACE;
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if killpg(group, None) == Err(Errno::ESRCH) {
-            return;
+    /// Closes the connection on purpose (`kind` labels the metric, `reason`
+    /// tells the calls cut off why): a stdio server and what it started are
+    /// ended without waiting for the server to exit by itself.
+    pub async fn recycle(&self, kind: &'static str, reason: String) {
+        let server_id = self.log.server_id();
+        metrics::counter!(
+            "mcp_connection_recycled_total",
+            "server_id" => server_id.to_owned(),
+            "reason" => kind
+        )
+        .increment(1);
+        if let Some(suppressed) = self.log.events().admit("recycled") {
+            tracing::warn!(server_id, pid = self.pid, suppressed, reason = %reason, "recycling mcp connection");
         }
+        let _ = self.recycled.set(reason);
+        if let Some(pid) = self.pid {
+            let started = process_tree::descendants(pid);
+            process_tree::end(pid, &self.instance, started).await;
+        }
+        self.close().await;
     }
-    let _ = killpg(group, Signal::SIGKILL);
 }
 
 async fn serve<E: std::fmt::Display>(
-    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ClientConfig>, E>>,
-) -> Result<RunningService<RoleClient, ClientConfig>, McpError> {
+    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ClientSide>, E>>,
+) -> Result<RunningService<RoleClient, ClientSide>, McpError> {
     serving
         .await
         .map_err(|err| McpError::Unavailable(format!("initialize failed: {err}")))

@@ -7,11 +7,15 @@ mod code;
 pub mod connection;
 pub mod egress;
 mod error;
+mod inflight;
 pub mod launch;
 pub mod legacy_sse;
 pub mod output;
+mod peer_events;
 mod pool;
 pub mod probe;
+mod process_tree;
+pub mod server_log;
 mod tools;
 
 pub use code::ErrorCode;

@@ -16,15 +16,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, StoredServer};
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, ServerResult, Tool};
 use rmcp::service::ServiceError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::error::McpError;
+use crate::inflight::{Answer, InFlightCall};
 use crate::launch::{EnvLookup, Launch, launch, process_env};
 use crate::output::{OutputSize, enforce_cap};
+use crate::server_log::ServerLog;
 use crate::tools::ToolsCache;
 
 /// Worker-wide pool settings.
@@ -46,6 +48,11 @@ pub struct PoolOptions {
     pub restart_backoff_min: Duration,
     /// Cap of the restart delay.
     pub restart_backoff_max: Duration,
+    /// How long a timed-out call keeps its `max_concurrency` slot after it
+    /// was cancelled, waiting for the server to answer it; unanswered by
+    /// then, the connection is recycled (see [`crate::inflight`] for the
+    /// trade-off).
+    pub cancel_grace: Duration,
     /// Where `${ENV:…}` and the children's base environment come from.
     pub env: EnvLookup,
     /// HTTP client of the HTTP transports (build it from
@@ -66,6 +73,7 @@ impl Default for PoolOptions {
             tools_negative_ttl: Duration::from_secs(2),
             restart_backoff_min: Duration::from_millis(250),
             restart_backoff_max: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(2),
             env: process_env(),
             // Only fails where `reqwest::Client::new()` would panic (no TLS
             // backend); that client is the fallback.
@@ -109,6 +117,8 @@ pub struct ServerHealth {
     pub pid: Option<u32>,
     /// Last stderr lines of the server.
     pub stderr_tail: Vec<String>,
+    /// Last log messages the server sent (`notifications/message`).
+    pub log_tail: Vec<String>,
 }
 
 /// A finished `tools/call`.
@@ -150,6 +160,7 @@ struct Entry {
     calls: ArcSwap<Semaphore>,
     tools: ToolsCache,
     stderr: StderrTail,
+    log: ServerLog,
     last_used: Mutex<Instant>,
     last_error: Mutex<Option<String>>,
     recent_failures: AtomicU64,
@@ -162,6 +173,7 @@ impl Entry {
             launch: launch(&server.spec, &options.env)
                 .and_then(|launch| options.egress.check_launch(&launch).map(|()| launch)),
             calls: ArcSwap::from_pointee(call_slots(&server.spec)),
+            log: ServerLog::new(&server.spec.server_id),
             server: ArcSwap::new(server),
             slot: tokio::sync::Mutex::new(Slot::default()),
             live: Mutex::new(None),
@@ -424,7 +436,8 @@ impl McpPool {
             egress: self.inner.options.egress.clone(),
         };
         let server_id = &entry.server_id();
-        let opened = Connection::open(launch, &settings, &entry.stderr, child_slot).await;
+        let opened =
+            Connection::open(launch, &settings, &entry.stderr, &entry.log, child_slot).await;
         self.inner.update_child_gauge();
         match opened {
             Ok(connection) => {
@@ -524,15 +537,28 @@ impl McpPool {
     }
 
     /// Calls a tool within the server's budgets: the worker-wide in-flight
-    /// cap, the server's `max_concurrency`, `tool_timeout_ms` (a timed-out
-    /// call is cancelled on the server) and `max_tool_output_bytes`.
+    /// cap, the server's `max_concurrency` (held until the server is done
+    /// with the call, see [`crate::inflight`]), `tool_timeout_ms` (a
+    /// timed-out call is cancelled on the server) and `max_tool_output_bytes`.
     pub async fn call_tool(
         &self,
         server: &Arc<StoredServer>,
         tool: &str,
         arguments: Option<JsonObject>,
     ) -> Result<CallOutcome, McpError> {
-        let started = Instant::now();
+        self.call_tool_since(server, tool, arguments, Instant::now())
+            .await
+    }
+
+    /// [`call_tool`](Self::call_tool) for a caller whose `tool_timeout_ms`
+    /// started at `started` (resolving the tool counts against it too).
+    pub async fn call_tool_since(
+        &self,
+        server: &Arc<StoredServer>,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        started: Instant,
+    ) -> Result<CallOutcome, McpError> {
         let entry = self.entry(server);
         let budgets = entry.server.load().spec.budgets;
         let timeout = Duration::from_millis(budgets.tool_timeout_ms);
@@ -555,21 +581,21 @@ impl McpPool {
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = arguments;
             let remaining = timeout.saturating_sub(started.elapsed());
-            // Dropping the request future on timeout makes rmcp send
-            // notifications/cancelled, so the server stops working on it.
-            let called = tokio::time::timeout(remaining, connection.peer().call_tool(params)).await;
-            drop(permits);
-            match called {
-                Err(_) => Err(McpError::Timeout(budgets.tool_timeout_ms)),
-                Ok(Ok(result)) => Ok(result),
-                Ok(Err(err)) => {
-                    let err = map_service_error(err, budgets.tool_timeout_ms);
-                    if connection.is_closed() {
-                        entry.discard(&connection).await;
-                        drop(connection);
-                        self.inner.update_child_gauge();
-                    }
-                    Err(err)
+            let grace = self.inner.options.cancel_grace;
+            let answer = tokio::time::timeout(remaining, async {
+                match InFlightCall::send(connection.clone(), params, permits, grace).await {
+                    Ok(call) => call.answer(remaining).await,
+                    Err(err) => Some(Err(err)),
+                }
+            })
+            .await
+            .ok()
+            .flatten();
+            match answer {
+                None => Err(McpError::Timeout(budgets.tool_timeout_ms)),
+                Some(answer) => {
+                    self.answered(&entry, &connection, answer, budgets.tool_timeout_ms)
+                        .await
                 }
             }
         }
@@ -598,6 +624,33 @@ impl McpPool {
                 Err(err)
             }
         }
+    }
+
+    /// The result of an answered call; a connection found closed is
+    /// forgotten, and errors name why the worker closed it, if it did.
+    async fn answered(
+        &self,
+        entry: &Entry,
+        connection: &Arc<Connection>,
+        answer: Answer,
+        timeout_ms: u64,
+    ) -> Result<CallToolResult, McpError> {
+        let err = match answer {
+            Ok(ServerResult::CallToolResult(result)) => return Ok(result),
+            // Results without content (an empty result) are valid answers.
+            Ok(ServerResult::EmptyResult(_)) => return Ok(CallToolResult::default()),
+            Ok(_) => ServiceError::UnexpectedResponse,
+            Err(err) => err,
+        };
+        let err = match connection.recycled() {
+            Some(reason) => McpError::Unavailable(format!("connection recycled: {reason}")),
+            None => map_service_error(err, timeout_ms),
+        };
+        if connection.is_closed() {
+            entry.discard(connection).await;
+            self.inner.update_child_gauge();
+        }
+        Err(err)
     }
 
     /// Health of every server the pool knows (R-MCP-5).
@@ -639,6 +692,7 @@ impl McpPool {
                     p50_latency_ms: entry.p50(),
                     pid: live.as_ref().and_then(|c| c.pid()),
                     stderr_tail: entry.stderr.lines(),
+                    log_tail: entry.log.lines(),
                 }
             })
             .collect();

@@ -13,6 +13,7 @@ use tokio::time::timeout_at;
 use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::egress::EgressPolicy;
 use crate::launch::{EnvLookup, launch};
+use crate::server_log::ServerLog;
 
 /// How long a failed or closed stdio child's last stderr lines are awaited.
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
@@ -137,24 +138,29 @@ pub async fn probe_with_egress(
         after: deadline,
         stderr_tail,
     };
-    let connection =
-        match timeout_at(until, Connection::open(&launch, &settings, &stderr, None)).await {
-            Ok(Ok(connection)) => connection,
-            outcome => {
-                // The transport was dropped with the connect future: its drop
-                // kills the child's group; give the pipe a moment to deliver.
-                stderr.drained(STDERR_DRAIN).await;
-                let tail = stderr.lines();
-                return Err(match outcome {
-                    Ok(Err(err)) => ProbeError::Unavailable {
-                        step: ProbeStep::Initialize,
-                        message: err.to_string(),
-                        stderr_tail: tail,
-                    },
-                    _ => timeout(ProbeStep::Initialize, tail),
-                });
-            }
-        };
+    let log = ServerLog::new(&spec.server_id);
+    let connection = match timeout_at(
+        until,
+        Connection::open(&launch, &settings, &stderr, &log, None),
+    )
+    .await
+    {
+        Ok(Ok(connection)) => connection,
+        outcome => {
+            // The transport was dropped with the connect future: its drop
+            // kills the child's group; give the pipe a moment to deliver.
+            stderr.drained(STDERR_DRAIN).await;
+            let tail = stderr.lines();
+            return Err(match outcome {
+                Ok(Err(err)) => ProbeError::Unavailable {
+                    step: ProbeStep::Initialize,
+                    message: err.to_string(),
+                    stderr_tail: tail,
+                },
+                _ => timeout(ProbeStep::Initialize, tail),
+            });
+        }
+    };
     let listed = timeout_at(until, connection.peer().list_all_tools()).await;
     let duration = started.elapsed();
     let server_info = connection
