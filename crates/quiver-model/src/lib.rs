@@ -17,7 +17,7 @@ pub mod token;
 mod validate;
 
 pub use error::{FieldError, Format, ModelError};
-pub use mask::MASK;
+pub use mask::{MASK, is_secret_parameter, redact_url, redact_urls};
 pub use parse::{ParsedRecord, Strictness, parse_document, parse_record, parse_record_value};
 pub use record::{
     ApprovalMode, ApprovalPolicy, Budgets, HttpConfig, Isolation, McpServerSpec, PrefixOp,

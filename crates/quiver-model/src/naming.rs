@@ -107,14 +107,65 @@ pub enum ToolNameError {
         /// Byte offset of the first offending character.
         index: usize,
     },
+    /// The name contains a character that renders as nothing or reorders
+    /// the text around it (see [`is_invisible`]), so it could pass for
+    /// another name (`ec\u{200b}ho` beside `echo`).
+    #[error("tool name contains the invisible character U+{code_point:04X} at byte {index}")]
+    InvisibleCharacter {
+        /// Byte offset of the first offending character.
+        index: usize,
+        /// The character's code point.
+        code_point: u32,
+    },
+}
+
+/// Whether `c` is invisible or reorders text: format characters (Unicode
+/// `Cf`: zero-width space/joiners, bidirectional marks, embeddings,
+/// overrides and isolates, word joiner, byte-order mark, tags …), the other
+/// default-ignorable code points (variation selectors, Hangul fillers,
+/// Mongolian and Khmer invisibles, combining grapheme joiner) and blank
+/// glyphs that are not `White_Space` (Braille pattern blank). Names holding
+/// one can look exactly like another name in logs, patterns and the admin UI.
+pub fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{0600}'..='\u{0605}'
+            | '\u{061C}'
+            | '\u{06DD}'
+            | '\u{070F}'
+            | '\u{0890}'..='\u{0891}'
+            | '\u{08E2}'
+            | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{2800}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{110BD}'
+            | '\u{110CD}'
+            | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
 }
 
 /// Checks the rule for raw (and transformed) MCP tool names.
 ///
 /// A name is valid when it is 1 to [`MAX_TOOL_NAME_LEN`] bytes of UTF-8 with no
-/// control character (Unicode `Cc`) and no whitespace (Unicode `White_Space`).
-/// Everything else — non-ASCII letters, `.`, `/`, `-`, `_`, punctuation — is
-/// allowed: base64 makes any such name a valid function name, and rejecting
+/// control character (Unicode `Cc`), no whitespace (Unicode `White_Space`,
+/// which includes look-alike spaces such as U+00A0 and U+3000) and no
+/// invisible or text-reordering character ([`is_invisible`]). Everything
+/// else — non-ASCII letters, `.`, `/`, `-`, `_`, punctuation — is allowed:
+/// base64 makes any such name a valid function name, and rejecting
 /// invisible separators keeps names unambiguous in logs, patterns and the
 /// admin UI.
 pub fn validate_tool_name(name: &str) -> Result<(), ToolNameError> {
@@ -130,6 +181,12 @@ pub fn validate_tool_name(name: &str) -> Result<(), ToolNameError> {
         }
         if c.is_whitespace() {
             return Err(ToolNameError::Whitespace { index });
+        }
+        if is_invisible(c) {
+            return Err(ToolNameError::InvisibleCharacter {
+                index,
+                code_point: u32::from(c),
+            });
         }
     }
     Ok(())
@@ -363,6 +420,35 @@ mod tests {
         );
         validate_tool_name(&"x".repeat(128)).unwrap();
         validate_tool_name("é.日本/x-y_z?").unwrap();
+        for (name, index, code_point) in [
+            ("ec\u{200b}ho", 2, 0x200B),
+            ("echo\u{202e}", 4, 0x202E),
+            ("\u{2066}echo\u{2069}", 0, 0x2066),
+            ("e\u{00ad}cho", 1, 0x00AD),
+            ("echo\u{FEFF}", 4, 0xFEFF),
+            ("ech\u{E0041}o", 3, 0xE0041),
+            ("e\u{3164}cho", 1, 0x3164),
+            ("ec\u{2060}ho", 2, 0x2060),
+            ("ec\u{FE0F}ho", 2, 0xFE0F),
+        ] {
+            assert_eq!(
+                validate_tool_name(name),
+                Err(ToolNameError::InvisibleCharacter { index, code_point }),
+                "{name:?}"
+            );
+        }
+        // Look-alike spaces are whitespace.
+        for name in ["ec\u{00a0}ho", "ec\u{3000}ho", "ec\u{2009}ho"] {
+            assert_eq!(
+                validate_tool_name(name),
+                Err(ToolNameError::Whitespace { index: 2 }),
+                "{name:?}"
+            );
+        }
+        // Visible non-ASCII stays allowed (emoji, accents, CJK, RTL letters).
+        for name in ["café", "工具", "אקו", "🔧fix", "naïve-é"] {
+            validate_tool_name(name).unwrap();
+        }
         let long = "x".repeat(10_000);
         let message = injected_name(&long, "t").unwrap_err().to_string();
         assert!(message.len() < 300, "{message}");

@@ -469,6 +469,25 @@ pub enum RejectReason {
     /// The session allowlist is not empty and does not match.
     #[error("tool does not match the request's tool_allowlist")]
     NotInSessionAllowlist,
+    /// The tool's description is longer than [`MAX_TOOL_DESCRIPTION_BYTES`].
+    #[error(
+        "tool description is {len} bytes long, more than the {MAX_TOOL_DESCRIPTION_BYTES}-byte limit on descriptions"
+    )]
+    DescriptionTooLong {
+        /// Length of the description in bytes.
+        len: usize,
+    },
+    /// The tool's input schema, serialized, is larger than [`MAX_TOOL_SCHEMA_BYTES`].
+    #[error(
+        "tool input schema is more than the {MAX_TOOL_SCHEMA_BYTES}-byte limit on schemas (serialized as JSON)"
+    )]
+    SchemaTooLarge,
+    /// The tool's input schema nests arrays and objects deeper than
+    /// [`MAX_TOOL_SCHEMA_DEPTH`].
+    #[error(
+        "tool input schema nests more than {MAX_TOOL_SCHEMA_DEPTH} levels deep, the limit on schemas"
+    )]
+    SchemaTooDeep,
     /// Several raw tools of the server have the same name after the record's
     /// transforms; none of them is injected, whichever order the server lists them in.
     #[error(
@@ -490,8 +509,16 @@ impl RejectReason {
             RejectReason::InvalidServerId => "invalid_server_id",
             RejectReason::ServerNotAllowedForTask => "server_not_allowed_for_task",
             RejectReason::ServerNotSelected => "server_not_selected",
+            RejectReason::InvalidToolName(ToolNameError::InvisibleCharacter { .. })
+            | RejectReason::InvalidTransformedName {
+                error: ToolNameError::InvisibleCharacter { .. },
+                ..
+            } => "invisible_characters",
             RejectReason::InvalidToolName(_) => "invalid_tool_name",
             RejectReason::InvalidTransformedName { .. } => "invalid_transformed_name",
+            RejectReason::DescriptionTooLong { .. } => "description_too_long",
+            RejectReason::SchemaTooLarge => "schema_too_large",
+            RejectReason::SchemaTooDeep => "schema_too_deep",
             RejectReason::InjectedNameTooLong { .. } => "injected_name_too_long",
             RejectReason::NotInAllowedTools => "not_in_allowed_tools",
             RejectReason::DeniedByServer { .. } => "denied_by_server",
@@ -634,6 +661,104 @@ fn exposed_name(spec: &McpServerSpec, tool_name: &str) -> Result<String, RejectR
     Ok(exposed)
 }
 
+/// Longest tool description injected, in bytes: descriptions go into every
+/// request's prompt, so one server must not fill the model's context.
+pub const MAX_TOOL_DESCRIPTION_BYTES: usize = 8 * 1024;
+
+/// Largest tool input schema injected, in bytes of compact JSON.
+pub const MAX_TOOL_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Deepest nesting of arrays and objects in an injected input schema (the
+/// schema object itself is level 1).
+pub const MAX_TOOL_SCHEMA_DEPTH: usize = 32;
+
+/// One tool as its server lists it: what [`evaluate_tools`] judges. The
+/// registry's evaluation of bare names has no description or schema.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListedTool<'a> {
+    /// The raw MCP tool name.
+    pub name: &'a str,
+    /// The server's description.
+    pub description: Option<&'a str>,
+    /// The server's input schema.
+    pub input_schema: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+impl<'a> From<&'a str> for ListedTool<'a> {
+    fn from(name: &'a str) -> Self {
+        ListedTool {
+            name,
+            ..ListedTool::default()
+        }
+    }
+}
+
+impl ListedTool<'_> {
+    /// Checks the description and input schema against
+    /// [`MAX_TOOL_DESCRIPTION_BYTES`], [`MAX_TOOL_SCHEMA_BYTES`] and
+    /// [`MAX_TOOL_SCHEMA_DEPTH`].
+    pub fn check_size(&self) -> Result<(), RejectReason> {
+        if let Some(description) = self.description
+            && description.len() > MAX_TOOL_DESCRIPTION_BYTES
+        {
+            return Err(RejectReason::DescriptionTooLong {
+                len: description.len(),
+            });
+        }
+        let Some(schema) = self.input_schema else {
+            return Ok(());
+        };
+        if nesting_depth(schema) > MAX_TOOL_SCHEMA_DEPTH {
+            return Err(RejectReason::SchemaTooDeep);
+        }
+        // Counting stops at the limit: a huge schema is not serialized whole.
+        let mut counter = ByteCounter {
+            remaining: MAX_TOOL_SCHEMA_BYTES,
+        };
+        serde_json::to_writer(&mut counter, schema).map_err(|_| RejectReason::SchemaTooLarge)
+    }
+}
+
+/// Nesting depth of arrays and objects under `schema` (itself level 1),
+/// walked without recursion.
+fn nesting_depth(schema: &serde_json::Map<String, serde_json::Value>) -> usize {
+    use serde_json::Value;
+    let mut deepest = 1;
+    let mut stack: Vec<(&Value, usize)> = schema.values().map(|v| (v, 2)).collect();
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Object(map) => Box::new(map.values()),
+            Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth);
+        if deepest > MAX_TOOL_SCHEMA_DEPTH {
+            break;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
+/// A writer that fails once more than `remaining` bytes are written.
+struct ByteCounter {
+    remaining: usize,
+}
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.remaining = self
+            .remaining
+            .checked_sub(buf.len())
+            .ok_or_else(|| std::io::Error::other("limit exceeded"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// One tool's outcome in [`evaluate_tools`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolDecision {
@@ -643,10 +768,13 @@ pub struct ToolDecision {
     pub decision: Decision,
 }
 
-/// [`evaluate`] for every tool a server lists, plus collision detection.
+/// [`evaluate`] for every tool a server lists, plus size limits and
+/// collision detection.
 ///
 /// Returns one entry per distinct raw name, in first-listed order (a server
-/// listing a name twice lists one tool). Distinct raw names always encode to
+/// listing a name twice lists one tool). A tool the name and patterns allow
+/// is still rejected when its description or schema breaks a size limit
+/// ([`ListedTool::check_size`]). Distinct raw names always encode to
 /// distinct injected names, but `transform` steps can map two raw names to one
 /// exposed name; every allowed tool whose exposed name is shared with another
 /// listed tool — allowed or not, so the outcome does not depend on the
@@ -657,15 +785,24 @@ pub fn evaluate_tools<'a>(
     server_filter: &ServerToolFilter,
     task: &CompiledTaskPolicy,
     session: Option<&CompiledSessionFilter>,
-    tool_names: impl IntoIterator<Item = &'a str>,
+    tools: impl IntoIterator<Item = impl Into<ListedTool<'a>>>,
 ) -> Vec<ToolDecision> {
     let mut seen = HashSet::new();
-    let mut decisions: Vec<ToolDecision> = tool_names
+    let mut decisions: Vec<ToolDecision> = tools
         .into_iter()
-        .filter(|name| seen.insert(*name))
-        .map(|name| ToolDecision {
-            tool_name: name.to_owned(),
-            decision: evaluate(spec, server_filter, task, session, name),
+        .map(Into::into)
+        .filter(|tool| seen.insert(tool.name))
+        .map(|tool| {
+            let mut decision = evaluate(spec, server_filter, task, session, tool.name);
+            if decision.is_allowed()
+                && let Err(reason) = tool.check_size()
+            {
+                decision = Decision::Rejected(reason);
+            }
+            ToolDecision {
+                tool_name: tool.name.to_owned(),
+                decision,
+            }
         })
         .collect();
     if spec.transform.is_empty() {
@@ -1084,6 +1221,119 @@ mod tests {
                 error: ToolNameError::Whitespace { index: 4 },
             }
         );
+    }
+
+    #[test]
+    fn invisible_characters_are_refused_beside_the_visible_name() {
+        let open = CompiledTaskPolicy::unrestricted();
+        let fs = spec("fs", &["*"], &[]);
+        let filter = ServerToolFilter::new(&fs).unwrap();
+        let decisions = evaluate_tools(
+            &fs,
+            &filter,
+            &open,
+            None,
+            ["echo", "ec\u{200b}ho", "echo\u{202e}", "\u{2066}echo"],
+        );
+        assert!(decisions[0].decision.is_allowed());
+        for entry in &decisions[1..] {
+            let reason = entry.decision.reject_reason().unwrap();
+            assert_eq!(
+                reason.code(),
+                "invisible_characters",
+                "{:?}",
+                entry.tool_name
+            );
+            assert!(
+                reason.to_string().contains("invisible character U+"),
+                "{reason}"
+            );
+        }
+        // A transform cannot smuggle one in either.
+        let mut suffixed = spec("fs", &["*"], &[]);
+        suffixed.transform = vec![TransformStep::Suffix("\u{200d}".into())];
+        assert_eq!(
+            reason(&suffixed, &open, None, "echo").code(),
+            "invisible_characters"
+        );
+    }
+
+    #[test]
+    fn oversized_descriptions_and_schemas_are_not_injected() {
+        use serde_json::{Map, Value, json};
+
+        let open = CompiledTaskPolicy::unrestricted();
+        let fs = spec("fs", &["*"], &["denied"]);
+        let filter = ServerToolFilter::new(&fs).unwrap();
+        let object = |value: Value| -> Map<String, Value> {
+            match value {
+                Value::Object(map) => map,
+                _ => unreachable!(),
+            }
+        };
+        let mut nested = json!({"type": "string"});
+        for _ in 0..MAX_TOOL_SCHEMA_DEPTH {
+            nested = json!({"type": "object", "properties": {"x": nested}});
+        }
+        let deep = object(nested);
+        let large =
+            object(json!({"type": "object", "description": "d".repeat(MAX_TOOL_SCHEMA_BYTES)}));
+        let fits = object(
+            json!({"type": "object", "description": "d".repeat(MAX_TOOL_SCHEMA_BYTES - 100)}),
+        );
+        let long_description = "x".repeat(MAX_TOOL_DESCRIPTION_BYTES + 1);
+        let longest_description = "x".repeat(MAX_TOOL_DESCRIPTION_BYTES);
+        let tools = [
+            ListedTool {
+                name: "long",
+                description: Some(&long_description),
+                input_schema: None,
+            },
+            ListedTool {
+                name: "deep",
+                description: None,
+                input_schema: Some(&deep),
+            },
+            ListedTool {
+                name: "large",
+                description: None,
+                input_schema: Some(&large),
+            },
+            ListedTool {
+                name: "at_the_limits",
+                description: Some(&longest_description),
+                input_schema: Some(&fits),
+            },
+            // A denied tool keeps its policy reason.
+            ListedTool {
+                name: "denied",
+                description: Some(&long_description),
+                input_schema: None,
+            },
+        ];
+        let codes: Vec<_> = evaluate_tools(&fs, &filter, &open, None, tools)
+            .iter()
+            .map(|d| d.decision.reject_reason().map(RejectReason::code))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                Some("description_too_long"),
+                Some("schema_too_deep"),
+                Some("schema_too_large"),
+                None,
+                Some("denied_by_server"),
+            ]
+        );
+        let message = ListedTool {
+            name: "long",
+            description: Some(&long_description),
+            input_schema: None,
+        }
+        .check_size()
+        .unwrap_err()
+        .to_string();
+        assert!(message.contains("8192-byte limit"), "{message}");
     }
 
     #[test]

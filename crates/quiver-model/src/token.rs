@@ -30,12 +30,16 @@ impl std::fmt::Debug for TokenDigest {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` header value.
+/// The token of an `Authorization: Bearer <token>` header value. The scheme
+/// is matched case-insensitively (RFC 9110 §11.1: `bearer`, `BEARER` …) and
+/// may be followed by several spaces or tabs.
 pub fn bearer(authorization: Option<&str>) -> Option<&str> {
-    authorization
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|token| !token.is_empty())
+    let value = authorization?;
+    let (scheme, token) = value.split_once([' ', '\t'])?;
+    if !scheme.eq_ignore_ascii_case("Bearer") {
+        return None;
+    }
+    Some(token.trim()).filter(|token| !token.is_empty())
 }
 
 #[cfg(test)]
@@ -51,6 +55,16 @@ mod tests {
         assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
         assert_eq!(bearer(Some("Bearer ")), None);
         assert_eq!(bearer(Some("Basic abc")), None);
+        for scheme in ["bearer", "BEARER", "bEaReR", "Bearer\t", "Bearer  "] {
+            assert_eq!(
+                bearer(Some(&format!("{scheme} abc"))),
+                Some("abc"),
+                "{scheme}"
+            );
+        }
+        assert_eq!(bearer(Some("Bearerabc")), None);
+        assert_eq!(bearer(Some("Bearerx abc")), None);
+        assert_eq!(bearer(Some("bearer \t")), None);
         assert_eq!(bearer(None), None);
     }
 }

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use quiver_model::is_valid_server_id;
 use quiver_model::naming::{
     MAX_INJECTED_NAME_LEN, MAX_TOOL_NAME_LEN, NameError, ToolRef, injected_name, injected_name_len,
-    is_valid_function_name, parse_compat_name, parse_injected_name, validate_tool_name,
+    is_invisible, is_valid_function_name, parse_compat_name, parse_injected_name,
+    validate_tool_name,
 };
 
 fn b64(text: &str) -> String {
@@ -32,8 +33,8 @@ fn tool_char() -> impl Strategy<Value = char> {
         ]),
         2 => any::<char>(),
     ]
-    .prop_filter("no control or whitespace", |c| {
-        !c.is_control() && !c.is_whitespace()
+    .prop_filter("no control, whitespace or invisible character", |c| {
+        !c.is_control() && !c.is_whitespace() && !is_invisible(*c)
     })
 }
 

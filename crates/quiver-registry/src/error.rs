@@ -65,6 +65,16 @@ pub enum RegistryError {
         /// The last lines the stdio child wrote to stderr.
         stderr_tail: Vec<String>,
     },
+    /// A bound of the registry was reached (e.g. `max_workers`); the
+    /// message names it.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// A request body over the size limit; the message names it.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// An API route that exists, with another method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// A bug or corrupt data.
     #[error("{0}")]
     Internal(String),
@@ -93,6 +103,12 @@ pub enum ErrorCode {
     /// See [`RegistryError::McpTimeout`]; the §10 code of the same failure on
     /// a worker.
     McpTimeout,
+    /// See [`RegistryError::ResourceExhausted`].
+    ResourceExhausted,
+    /// See [`RegistryError::PayloadTooLarge`].
+    PayloadTooLarge,
+    /// See [`RegistryError::MethodNotAllowed`].
+    MethodNotAllowed,
     /// See [`RegistryError::Internal`].
     Internal,
 }
@@ -155,6 +171,21 @@ impl ErrorCode {
                 tonic::Code::DeadlineExceeded,
                 StatusCode::GATEWAY_TIMEOUT,
             ),
+            ErrorCode::ResourceExhausted => (
+                "resource_exhausted",
+                tonic::Code::ResourceExhausted,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            ErrorCode::PayloadTooLarge => (
+                "payload_too_large",
+                tonic::Code::ResourceExhausted,
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            ErrorCode::MethodNotAllowed => (
+                "method_not_allowed",
+                tonic::Code::Unimplemented,
+                StatusCode::METHOD_NOT_ALLOWED,
+            ),
             ErrorCode::Internal => (
                 "internal",
                 tonic::Code::Internal,
@@ -177,6 +208,9 @@ impl RegistryError {
             RegistryError::Unavailable(_) => ErrorCode::Unavailable,
             RegistryError::McpUnavailable { .. } => ErrorCode::McpUnavailable,
             RegistryError::McpTimeout { .. } => ErrorCode::McpTimeout,
+            RegistryError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            RegistryError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            RegistryError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
             RegistryError::Internal(_) => ErrorCode::Internal,
         }
     }

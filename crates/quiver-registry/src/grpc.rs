@@ -188,34 +188,28 @@ impl McpRegistryService for GrpcService {
     ) -> Result<Response<pb::ReportWorkerStatusResponse>, Status> {
         self.role(&request, Role::Worker)?;
         let report = request.into_inner();
-        if report.worker_id.trim().is_empty() || report.worker_id.len() > 256 {
-            return Err(RegistryError::invalid("worker_id", "must be 1 to 256 characters").into());
-        }
-        let worker_id = report.worker_id.clone();
-        let snapshot_revision = report.snapshot_revision;
-        self.state.workers.report(WorkerStatus {
-            worker_id: report.worker_id,
-            snapshot_revision: report.snapshot_revision,
-            degraded: report.degraded,
-            servers: report
-                .servers
-                .into_iter()
-                .map(|s| ServerHealth {
-                    state: health_state(s.state),
-                    server_id: s.server_id,
-                    last_error: s.last_error,
-                    reconnect_count: s.reconnect_count,
-                    tool_count: s.tool_count,
-                    p50_latency_ms: s.p50_latency_ms,
-                })
-                .collect(),
-            reported_at: chrono::Utc::now(),
-        });
         let head = self.state.store.head().await.map_err(RegistryError::from)?;
-        metrics::gauge!("quiver_registry_worker_snapshot_revision", "worker_id" => worker_id.clone())
-            .set(snapshot_revision as f64);
-        metrics::gauge!("quiver_registry_worker_lag", "worker_id" => worker_id)
-            .set(head.revision.saturating_sub(snapshot_revision) as f64);
+        self.state.workers.report(
+            WorkerStatus {
+                worker_id: report.worker_id,
+                snapshot_revision: report.snapshot_revision,
+                degraded: report.degraded,
+                servers: report
+                    .servers
+                    .into_iter()
+                    .map(|s| ServerHealth {
+                        state: health_state(s.state),
+                        server_id: s.server_id,
+                        last_error: s.last_error,
+                        reconnect_count: s.reconnect_count,
+                        tool_count: s.tool_count,
+                        p50_latency_ms: s.p50_latency_ms,
+                    })
+                    .collect(),
+                reported_at: chrono::Utc::now(),
+            },
+            head.revision,
+        )?;
         Ok(Response::new(pb::ReportWorkerStatusResponse {
             head_revision: head.revision,
         }))

@@ -32,7 +32,7 @@ use quiver_mcp::egress::EgressPolicy;
 use quiver_mcp::launch::EnvLookup;
 use quiver_mcp::probe::probe_with_egress;
 use quiver_model::policy::{
-    CompiledTaskPolicy, Decision, RejectReason, ServerToolFilter, evaluate_tools,
+    CompiledTaskPolicy, Decision, ListedTool, RejectReason, ServerToolFilter, evaluate_tools,
 };
 use quiver_model::{McpServerSpec, ModelError};
 use serde::Serialize;
@@ -121,7 +121,7 @@ pub struct Preview {
 /// from `spec` (see the module documentation). `spec` must be validated.
 pub fn evaluate<'a>(
     spec: &McpServerSpec,
-    tool_names: impl IntoIterator<Item = &'a str>,
+    tools: impl IntoIterator<Item = impl Into<ListedTool<'a>>>,
 ) -> Result<Evaluation, RegistryError> {
     let note = (!spec.enabled).then_some(DISABLED_NOTE);
     let enabled;
@@ -142,7 +142,7 @@ pub fn evaluate<'a>(
         &filter,
         &CompiledTaskPolicy::unrestricted(),
         None,
-        tool_names,
+        tools,
     )
     .into_iter()
     .map(|entry| ToolVerdict {
@@ -181,7 +181,14 @@ pub async fn preview(
     let found = probing
         .await
         .map_err(|err| RegistryError::Internal(format!("preview task failed: {err}")))??;
-    let evaluation = evaluate(&spec, found.tools.iter().map(|tool| tool.name.as_ref()))?;
+    let evaluation = evaluate(
+        &spec,
+        found.tools.iter().map(|tool| ListedTool {
+            name: &tool.name,
+            description: tool.description.as_deref(),
+            input_schema: Some(&tool.input_schema),
+        }),
+    )?;
     let mut verdicts: HashMap<String, ToolVerdict> = evaluation
         .tools
         .into_iter()

@@ -7,23 +7,34 @@
 //! reads with `?masked=true` (the web admin never holds secrets).
 //!
 //! Masked values stay masked unless changed: a record written back (upsert,
-//! import) or previewed with an env/header value that is exactly the mask
-//! keeps the stored value of that key ([`RegistryState::upsert_keeping_masked`]).
+//! import) or previewed with an env/header value (or a URL secret) that is
+//! exactly the mask keeps the stored value of that key
+//! ([`RegistryState::upsert_keeping_masked`]).
+//!
+//! Refusals by the framework itself — a body over [`MAX_BODY_BYTES`], an
+//! unknown route, a method a route does not have — are the same JSON error
+//! object ([`json_refusals`]); query strings are parsed here ([`Params`]),
+//! so a repeated or undecodable parameter is an error naming it.
+//!
+//! A server's stderr (which may show secrets it printed) reaches the API in
+//! workers' `last_error`s and in preview errors: it is shown to the admin
+//! token only, and every text that may quote a record has the record's
+//! secrets redacted ([`McpServerSpec::redact`]).
 
 use std::collections::HashMap;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use quiver_model::{
-    ChangeKind, Format, HistoryEntry, Source, StoredServer, Strictness, parse_document,
-    parse_record,
+    ChangeKind, Format, HistoryEntry, McpServerSpec, Source, StoredServer, Strictness,
+    parse_document, parse_record,
 };
-use quiver_store::{DeleteRequest, UpsertOutcome, UpsertRequest};
+use quiver_store::{DeleteRequest, MAX_REVISION, UpsertOutcome, UpsertRequest};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -33,9 +44,20 @@ use crate::preview::{self, EvaluateRequest};
 use crate::state::{
     AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery, RegistryState, RescanOutcome, actor_name,
 };
+use crate::workers::WorkerListing;
 
 /// Header naming the person behind a write (audit), like the gRPC metadata.
 pub const ACTOR_HEADER: &str = "x-quiver-actor";
+
+/// Largest request body of the admin API (records, imports, previews).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Where quiver-mcp's connection errors append the server's stderr to their
+/// message (`initialize failed: …; stderr: line | line`).
+const STDERR_MARKER: &str = "; stderr: ";
+
+/// What a non-admin caller reads instead of a server's stderr.
+const STDERR_HIDDEN: &str = "(shown to admins only)";
 
 /// Routes of the admin API, to be nested at `/admin/api`.
 pub fn router() -> Router<RegistryState> {
@@ -51,6 +73,119 @@ pub fn router() -> Router<RegistryState> {
         .route("/mcp/evaluate", post(evaluate_tools))
         .route("/workers", get(list_workers))
         .route("/audit", get(audit))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::map_response(json_refusals))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+async fn unknown_route(uri: axum::http::Uri) -> RegistryError {
+    RegistryError::NotFound(format!("no admin API route {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> RegistryError {
+    RegistryError::MethodNotAllowed(format!(
+        "admin API route {} does not take {method}",
+        uri.path()
+    ))
+}
+
+/// Turns a refusal the framework answered in plain text (a body over
+/// [`MAX_BODY_BYTES`], a rejected extractor) into the JSON error object;
+/// everything else passes unchanged.
+async fn json_refusals(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return RegistryError::PayloadTooLarge(format!(
+            "request body is larger than the {} MiB limit of the admin API",
+            MAX_BODY_BYTES / (1024 * 1024)
+        ))
+        .into_response();
+    }
+    // Rejection texts are short; a longer body is cut, not buffered whole.
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .map(|body| String::from_utf8_lossy(&body).into_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_lowercase()
+    } else {
+        text.to_lowercase()
+    };
+    match status {
+        StatusCode::NOT_FOUND => RegistryError::NotFound(message),
+        StatusCode::METHOD_NOT_ALLOWED => RegistryError::MethodNotAllowed(message),
+        s if s.is_client_error() => RegistryError::InvalidArgument {
+            field: None,
+            message,
+        },
+        _ => RegistryError::Internal(message),
+    }
+    .into_response()
+}
+
+/// The query parameters of a request. Each name may appear once: a repeated
+/// one is an error naming it (which value would win is not the caller's
+/// guess to make). Names and values must decode to UTF-8.
+struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = RegistryError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let mut params = HashMap::new();
+        for pair in parts.uri.query().unwrap_or_default().split('&') {
+            if pair.is_empty() {
+                continue;
+            }
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let (Some(name), Some(value)) = (form_decoded(name), form_decoded(value)) else {
+                return Err(RegistryError::InvalidArgument {
+                    field: None,
+                    message: format!("query parameter {pair:?} is not percent-encoded UTF-8"),
+                });
+            };
+            if params.contains_key(&name) {
+                return Err(RegistryError::invalid(
+                    name.as_str(),
+                    format!("query parameter {name:?} is given more than once"),
+                ));
+            }
+            params.insert(name, value);
+        }
+        Ok(Params(params))
+    }
+}
+
+/// `application/x-www-form-urlencoded` decoding (`+` is a space, `%XX` a
+/// byte); `None` when the bytes are not UTF-8 or an escape is malformed.
+fn form_decoded(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &rest[2..];
+            }
+            other => bytes.push(other),
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The authenticated caller of a request.
@@ -189,7 +324,7 @@ async fn whoami(caller: Caller) -> Response {
 async fn list_servers(
     caller: Caller,
     State(state): State<RegistryState>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
 ) -> Result<Response, RegistryError> {
     let masked = caller.masks(&query)?;
     let snapshot = state.store.list().await?;
@@ -205,7 +340,7 @@ async fn get_server(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
 ) -> Result<Response, RegistryError> {
     let masked = caller.masks(&query)?;
     let server = state
@@ -224,7 +359,7 @@ async fn get_server(
 async fn upsert_server(
     caller: Caller,
     State(state): State<RegistryState>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
@@ -247,7 +382,7 @@ async fn delete_server(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
     headers: HeaderMap,
 ) -> Result<Response, RegistryError> {
     caller.require_admin()?;
@@ -266,7 +401,7 @@ async fn server_history(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
 ) -> Result<Response, RegistryError> {
     let masked = caller.masks(&query)?;
     let entries: Vec<_> = state
@@ -291,7 +426,7 @@ async fn rollback_server(
     caller: Caller,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
     caller.require_admin()?;
@@ -369,7 +504,7 @@ fn import_format(
 async fn import(
     caller: Caller,
     State(state): State<RegistryState>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
@@ -478,12 +613,13 @@ async fn preview_tools(
         "mcp server preview"
     );
     let preview = preview::preview(
-        spec,
+        spec.clone(),
         state.preview_env().clone(),
         state.preview_egress().clone(),
         state.preview_timeout(),
     )
-    .await?;
+    .await
+    .map_err(|err| redacted(err, &spec))?;
     Ok(axum::Json(preview).into_response())
 }
 
@@ -511,12 +647,18 @@ fn audit_query(query: &HashMap<String, String>) -> Result<AuditQuery, RegistryEr
     }
     let since_revision = match query.get("since_revision") {
         None => None,
-        Some(value) => Some(value.parse::<u64>().map_err(|_| {
-            RegistryError::invalid(
-                "since_revision",
-                format!("{value:?} is not a revision number"),
-            )
-        })?),
+        Some(value) => Some(
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|revision| *revision <= MAX_REVISION)
+                .ok_or_else(|| {
+                    RegistryError::invalid(
+                        "since_revision",
+                        format!("{value:?} is not a revision number from 0 to {MAX_REVISION}"),
+                    )
+                })?,
+        ),
     };
     let limit = match query.get("limit") {
         None => AUDIT_DEFAULT_LIMIT,
@@ -553,20 +695,78 @@ fn audit_query(query: &HashMap<String, String>) -> Result<AuditQuery, RegistryEr
 async fn audit(
     _caller: Caller,
     State(state): State<RegistryState>,
-    Query(query): Query<HashMap<String, String>>,
+    Params(query): Params,
 ) -> Result<Response, RegistryError> {
     let page = state.audit(&audit_query(&query)?).await?;
     Ok(axum::Json(page).into_response())
 }
 
+/// What workers last reported. `last_error`s are redacted with the
+/// record's secrets; the stderr part of one is for the admin token only.
 async fn list_workers(
-    _caller: Caller,
+    caller: Caller,
     State(state): State<RegistryState>,
 ) -> Result<Response, RegistryError> {
-    let head_revision = state.store.head().await?.revision;
+    let snapshot = state.store.list().await?;
+    let records: HashMap<&str, &McpServerSpec> = snapshot
+        .servers
+        .iter()
+        .map(|s| (s.spec.server_id.as_str(), &s.spec))
+        .collect();
+    let admin = caller.role == Role::Admin;
+    let workers: Vec<WorkerListing> = state
+        .workers
+        .list_behind(snapshot.revision)
+        .into_iter()
+        .map(|mut listing| {
+            for server in &mut listing.status.servers {
+                if let Some(error) = &mut server.last_error {
+                    *error = presented_error(error, records.get(server.server_id.as_str()), admin);
+                }
+            }
+            listing
+        })
+        .collect();
     Ok(axum::Json(json!({
-        "head_revision": head_revision,
-        "workers": state.workers.list_behind(head_revision),
+        "head_revision": snapshot.revision,
+        "workers": workers,
     }))
     .into_response())
+}
+
+/// An error text about a record's server as a caller may read it: the
+/// record's secrets (and URL secrets of any URL) redacted, the stderr part
+/// replaced by [`STDERR_HIDDEN`] unless the caller is an admin.
+fn presented_error(text: &str, record: Option<&&McpServerSpec>, admin: bool) -> String {
+    let text = match text.split_once(STDERR_MARKER) {
+        Some((message, _)) if !admin => format!("{message}{STDERR_MARKER}{STDERR_HIDDEN}"),
+        _ => text.to_owned(),
+    };
+    match record {
+        Some(record) => record.redact(&text),
+        None => quiver_model::redact_urls(&text),
+    }
+}
+
+/// A preview's connection error without the record's secrets, which the
+/// server's stderr or a transport error quoting the URL may hold.
+fn redacted(err: RegistryError, spec: &McpServerSpec) -> RegistryError {
+    let redact_all = |lines: Vec<String>| lines.iter().map(|line| spec.redact(line)).collect();
+    match err {
+        RegistryError::McpUnavailable {
+            message,
+            stderr_tail,
+        } => RegistryError::McpUnavailable {
+            message: spec.redact(&message),
+            stderr_tail: redact_all(stderr_tail),
+        },
+        RegistryError::McpTimeout {
+            message,
+            stderr_tail,
+        } => RegistryError::McpTimeout {
+            message: spec.redact(&message),
+            stderr_tail: redact_all(stderr_tail),
+        },
+        other => other,
+    }
 }

@@ -64,6 +64,8 @@ impl Default for RegistryOptions {
     fn default() -> Self {
         RegistryOptions {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+    /// Bounds of the worker status board (tracked workers, expiry, report size).
+    pub workers: crate::workers::WorkerBoardOptions,
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             auth: AuthConfig::default(),
             mcp_dir: None,
@@ -86,6 +88,7 @@ pub enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         /// The address.
+            workers: crate::workers::WorkerBoardOptions::default(),
         addr: SocketAddr,
         /// The OS error.
         source: std::io::Error,
@@ -131,7 +134,8 @@ impl Registry {
         let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
             .with_preview_env(options.preview_env.clone())
-            .with_preview_egress(options.preview_egress.clone());
+            .with_preview_egress(options.preview_egress.clone())
+            .with_worker_board(options.workers.clone());
         if state.has_mcp_dir() {
             state.rescan().await?;
         }
@@ -257,6 +261,7 @@ impl Registry {
         }
     }
 }
+    let workers = state.workers.clone();
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
     listener.local_addr().map_err(|source| ServeError::Bind {
@@ -267,6 +272,7 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
 
 /// The HTTP surface: admin API, metrics and health.
 pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> Router {
+                let workers = workers.clone();
     Router::new()
         .nest("/admin/api", crate::rest::router())
         .merge(crate::web::router())
@@ -279,7 +285,11 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
                 let metrics = metrics.clone();
                 async move {
                     match metrics {
-                        Some(handle) => handle.render().into_response(),
+                        // Per-worker series come from the board, so they
+                        // end when the worker expires.
+                        Some(handle) => {
+                            (handle.render() + &workers.render_metrics()).into_response()
+                        }
                         None => (StatusCode::NOT_FOUND, "metrics recorder not installed")
                             .into_response(),
                     }

@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use crate::auth::Authenticator;
 use crate::error::RegistryError;
 use crate::feed::ChangeFeed;
-use crate::workers::WorkerBoard;
+use crate::workers::{WorkerBoard, WorkerBoardOptions};
 
 /// Actor recorded for changes made by `mcp.d` rescans.
 pub const BOOTSTRAP_ACTOR: &str = "mcp.d";
@@ -279,6 +279,12 @@ impl RegistryState {
         }
     }
 
+    /// The same state with other bounds on the worker board.
+    pub fn with_worker_board(mut self, options: WorkerBoardOptions) -> Self {
+        self.workers = WorkerBoard::new(options);
+        self
+    }
+
     /// The same state with another environment for tool previews.
     pub fn with_preview_env(mut self, env: PreviewEnv) -> Self {
         self.preview_env = env;
@@ -485,7 +491,9 @@ impl RegistryState {
         )
         .await
         .map_err(|err| RegistryError::FailedPrecondition(err.to_string()))?;
-        tracing::info!(dir = %dir.path.display(), report = %report, "mcp.d rescanned");
+        // `quiver_bootstrap::reconcile` logged the outcome (at INFO when it
+        // changed something).
+        tracing::debug!(dir = %dir.path.display(), report = %report, "mcp.d rescanned");
         Ok(RescanOutcome { scan, report })
     }
 

@@ -134,7 +134,19 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/admin", get(root))
         .route("/admin/", get(root))
-        .route("/admin/{*path}", get(file))
+        .route("/admin/{*path}", get(file).fallback(other_method))
+}
+
+/// Any method but GET on a path below `/admin/`: the API's JSON 404 for an
+/// unknown API route (this route matches those paths before the API's own
+/// fallback can), else 405 (pages and files are only read).
+async fn other_method(Path(path): Path<String>) -> Response {
+    match resolve(&path) {
+        Target::UnknownApi => {
+            RegistryError::NotFound(format!("no admin API route /admin/{path}")).into_response()
+        }
+        Target::Asset(_) | Target::NotFound => StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    }
 }
 
 async fn root(headers: HeaderMap) -> Response {

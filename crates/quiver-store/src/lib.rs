@@ -27,6 +27,11 @@ mod sqlite;
 pub use postgres::CHANGE_CHANNEL;
 pub use sql::SqlStore;
 
+/// The largest revision a store can hold: revisions are stored as signed
+/// 64-bit integers. Callers check cursors and revisions from requests
+/// against it, so a number beyond it is refused as input.
+pub const MAX_REVISION: u64 = i64::MAX as u64;
+
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

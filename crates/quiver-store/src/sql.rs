@@ -129,6 +129,13 @@ fn to_i64(value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::Corrupt(format!("revision {value} out of range")))
 }
 
+/// A caller's "after revision N" as a bound parameter. No revision lies
+/// beyond [`crate::MAX_REVISION`], so a larger cursor asks for exactly what
+/// that one asks for (nothing): it is input, not corrupt data.
+fn cursor(after: u64) -> i64 {
+    i64::try_from(after).unwrap_or(i64::MAX)
+}
+
 fn millis(at: DateTime<Utc>) -> i64 {
     at.timestamp_millis()
 }
@@ -496,7 +503,7 @@ impl Store for SqlStore {
         };
         let sql = history_page_sql(self.dialect, server_id.is_some(), newest_first);
         // Built from static fragments only; every value is a bound parameter.
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(to_i64(after)?);
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(cursor(after));
         if let Some(server_id) = server_id {
             query = query.bind(server_id.to_owned());
         }
@@ -506,7 +513,7 @@ impl Store for SqlStore {
 
     async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError> {
         let rows = sqlx::query(SELECT_CHANGES)
-            .bind(to_i64(after)?)
+            .bind(cursor(after))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;

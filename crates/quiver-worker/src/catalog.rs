@@ -20,8 +20,8 @@ use std::time::Duration;
 use quiver_mcp::{McpError, McpPool, Tool};
 use quiver_model::naming::{parse_compat_name, parse_injected_name};
 use quiver_model::policy::{
-    CompiledSessionFilter, CompiledTaskPolicy, Decision, ServerToolFilter, evaluate_tools,
-    server_selected,
+    CompiledSessionFilter, CompiledTaskPolicy, Decision, ListedTool, ServerToolFilter,
+    evaluate_tools, server_selected,
 };
 use quiver_model::{ApprovalMode, ApprovalPolicy, StoredServer};
 use quiver_sync::Snapshot;
@@ -158,7 +158,11 @@ impl ServerTools {
             &filter,
             task,
             session,
-            tools.iter().map(|t| t.name.as_ref()),
+            tools.iter().map(|t| ListedTool {
+                name: &t.name,
+                description: t.description.as_deref(),
+                input_schema: Some(&t.input_schema),
+            }),
         );
         for decision in decisions {
             let Decision::Allowed {
