@@ -34,8 +34,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, Client, RegistryProcess, WorkerProcess, WriteLoad, eventually, proc_stat, processes,
-    quiver_bin, stdio_spec, upsert, upserted_revision,
+    Admin, Client, Stack, WorkerProcess, WriteLoad, eventually, proc_stat, processes, quiver_bin,
+    sqlite, stdio_spec, upsert, upserted_revision,
 };
 use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
@@ -103,50 +103,6 @@ impl Drop for Figures {
 
 // ---------------------------------------------------------------------------
 // Helpers
-
-/// A registry on `db_url`, its admin API and a worker following it.
-struct Stack {
-    registry: RegistryProcess,
-    admin: Admin,
-    worker: Arc<WorkerProcess>,
-}
-
-impl Stack {
-    async fn start(db_url: &str) -> Stack {
-        let registry = registry(db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        let worker = WorkerProcess::start::<&str>(&registry.grpc_url(), WORKER, CALLER, &[]).await;
-        Stack {
-            registry,
-            admin,
-            worker: Arc::new(worker),
-        }
-    }
-
-    async fn synced(&self, revision: u64) {
-        synced(&self.worker, revision, Duration::from_secs(10)).await;
-    }
-}
-
-/// Waits until the worker's snapshot is at `revision` and not degraded.
-async fn synced(worker: &WorkerProcess, revision: u64, timeout: Duration) {
-    eventually(
-        timeout,
-        &format!("worker at revision {revision}"),
-        || async move {
-            let (_, ready) = worker.readyz().await;
-            (ready["revision"] == revision && ready["degraded"] == false).then_some(())
-        },
-    )
-    .await;
-}
-
-/// A SQLite database in a temporary directory (kept while the value lives).
-fn sqlite() -> (TempDir, String) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}", dir.path().join("quiver.db").display());
-    (dir, url)
-}
 
 /// A stdio record of the test server with `budgets`.
 fn budgeted(server_id: &str, allowed: &[&str], budgets: Value) -> Value {
@@ -282,7 +238,6 @@ async fn registry_sigkill_with_workers_serving() {
     // Writers: distinct disabled records (the worker never connects to them).
     let load = WriteLoad::start(&stack.registry, ADMIN, 4, "w", disabled_spec).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let grpc = stack.registry.grpc_addr();
     stack.registry.kill_hard();
     let killed = Instant::now();
     registry_down.store(true, Ordering::SeqCst);
@@ -300,11 +255,10 @@ async fn registry_sigkill_with_workers_serving() {
     tokio::time::sleep(Duration::from_millis(1000).saturating_sub(killed.elapsed())).await;
 
     // Back on the same database and port.
-    stack.registry = registry(db.url(), Some(grpc)).await;
+    stack.restart_registry().await;
     let restarted = Instant::now();
     let outage = killed.elapsed();
     registry_down.store(false, Ordering::SeqCst);
-    stack.admin = Admin::new(&stack.registry, ADMIN);
     let mut client = stack.registry.client(Some(ADMIN)).await;
     let head = client
         .list_mcp_servers(pb::ListMcpServersRequest {})
@@ -312,12 +266,12 @@ async fn registry_sigkill_with_workers_serving() {
         .expect("list after restart")
         .into_inner()
         .revision;
-    synced(&stack.worker, head, Duration::from_secs(5)).await;
+    stack.worker.synced(head, Duration::from_secs(5)).await;
     let resync = restarted.elapsed();
     // And a change made now reaches it.
     let next = stack.admin.upsert(disabled_json("after-restart")).await;
     let written = Instant::now();
-    synced(&stack.worker, next, Duration::from_secs(5)).await;
+    stack.worker.synced(next, Duration::from_secs(5)).await;
     let propagation = written.elapsed();
 
     stop.store(true, Ordering::SeqCst);
@@ -683,8 +637,7 @@ async fn mcp_child_sigkill_mid_call_x100() {
     const ROUNDS: usize = 100;
     const IN_FLIGHT: u64 = 2;
     let mut figures = Figures::new("mcp_child_kill");
-    let (_dir, db_url) = sqlite();
-    let stack = Stack::start(&db_url).await;
+    let stack = Stack::sqlite().await;
     let head = stack
         .admin
         .upsert(budgeted(
@@ -787,8 +740,7 @@ async fn hung_server_and_output_flood() {
     const FLOOD_BYTES: u64 = 100_000_000;
     const RSS_BOUND_KIB: u64 = 300 * 1024;
     let mut figures = Figures::new("hung_and_flood");
-    let (_dir, db_url) = sqlite();
-    let stack = Stack::start(&db_url).await;
+    let stack = Stack::sqlite().await;
     stack
         .admin
         .upsert(budgeted(
@@ -994,8 +946,7 @@ fn truncate_for_message(body: &Value) -> String {
 async fn five_hundred_calls_at_max_concurrency_4() {
     const CALLS: usize = 500;
     let mut figures = Figures::new("concurrency_500");
-    let (_dir, db_url) = sqlite();
-    let stack = Stack::start(&db_url).await;
+    let stack = Stack::sqlite().await;
     stack
         .admin
         .upsert(budgeted(
@@ -1120,7 +1071,7 @@ async fn server_hung_at_start() {
             "budgets": {"tool_timeout_ms": 1000},
         }))
         .await;
-    synced(&worker, head, Duration::from_secs(10)).await;
+    worker.synced(head, Duration::from_secs(10)).await;
     let echo = injected("steady", "echo");
     assert_eq!(worker.call_text(&echo, json!({"text": "up"})).await, "up");
 

@@ -702,6 +702,20 @@ impl WorkerProcess {
         json_of(response).await
     }
 
+    /// Waits (at most `timeout`) until the snapshot is at `revision` and not
+    /// degraded.
+    pub async fn synced(&self, revision: u64, timeout: Duration) {
+        eventually(
+            timeout,
+            &format!("worker at revision {revision}"),
+            || async move {
+                let (_, ready) = self.readyz().await;
+                (ready["revision"] == revision && ready["degraded"] == false).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// `GET /v1/mcp/tools`: the tool objects (fails the test unless 200).
     pub async fn tools(&self) -> Vec<serde_json::Value> {
         let (status, body) = self.get("/v1/mcp/tools").await;
@@ -825,6 +839,122 @@ impl Admin {
         let (status, body) = json_of(response).await;
         assert!(status.is_success(), "delete {server_id}: {status} {body}");
         body["revision"].as_u64().expect("revision")
+    }
+}
+
+/// The admin token of the e2e registries.
+pub const ADMIN: &str = "e2e-admin-token";
+/// The worker token of the e2e registries.
+pub const WORKER: &str = "e2e-worker-token";
+/// The caller token of the e2e workers (task `default`).
+pub const CALLER: &str = "e2e-caller-token";
+
+/// The injected name, computed independently of the product's code:
+/// `mcp__<b64url(server_id)>__<b64url(tool)>` without padding.
+pub fn injected(server_id: &str, tool: &str) -> String {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    format!(
+        "mcp__{}__{}",
+        URL_SAFE_NO_PAD.encode(server_id),
+        URL_SAFE_NO_PAD.encode(tool)
+    )
+}
+
+/// A stdio record running the test MCP server.
+pub fn stdio_record(server_id: &str, allowed: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "server_id": server_id,
+        "transport": "stdio",
+        "stdio": {"command": testkit_mcp_bin()},
+        "allowed_tools": allowed,
+    })
+}
+
+/// A registry on `db_url` with the e2e tokens (gRPC on `grpc` when given,
+/// else ephemeral).
+pub async fn registry(db_url: &str, grpc: Option<SocketAddr>) -> RegistryProcess {
+    let args = [
+        "--database-url",
+        db_url,
+        "--admin-token",
+        ADMIN,
+        "--worker-token",
+        WORKER,
+    ];
+    match grpc {
+        Some(grpc) => RegistryProcess::start_on(grpc, &args).await,
+        None => RegistryProcess::start(&args).await,
+    }
+}
+
+/// A SQLite database URL in a new temporary directory (the database lives
+/// as long as the directory).
+pub fn sqlite() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("quiver.db").display());
+    (dir, url)
+}
+
+/// A registry process, its admin API and a worker process following it, all
+/// with the e2e tokens.
+pub struct Stack {
+    /// The registry.
+    pub registry: RegistryProcess,
+    /// The registry's admin REST API.
+    pub admin: Admin,
+    /// The worker, shared so that tasks can call it while the test goes on.
+    pub worker: Arc<WorkerProcess>,
+    db_url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Stack {
+    /// A stack on a fresh SQLite database.
+    pub async fn sqlite() -> Stack {
+        let (dir, db_url) = sqlite();
+        Stack::on(db_url, Some(dir)).await
+    }
+
+    /// A stack on the database at `db_url`.
+    pub async fn start(db_url: &str) -> Stack {
+        Stack::on(db_url.to_owned(), None).await
+    }
+
+    async fn on(db_url: String, dir: Option<tempfile::TempDir>) -> Stack {
+        let registry = registry(&db_url, None).await;
+        let admin = Admin::new(&registry, ADMIN);
+        let worker = WorkerProcess::start::<&str>(&registry.grpc_url(), WORKER, CALLER, &[]).await;
+        Stack {
+            registry,
+            admin,
+            worker: Arc::new(worker),
+            db_url,
+            _dir: dir,
+        }
+    }
+
+    /// Waits (at most 10 s) until the worker's snapshot is at `revision` and
+    /// not degraded.
+    pub async fn synced(&self, revision: u64) {
+        self.worker.synced(revision, Duration::from_secs(10)).await;
+    }
+
+    /// Once the registry has stopped (killed or terminated): a new registry
+    /// on the same database and gRPC address, as after a process restart,
+    /// and its admin API.
+    pub async fn restart_registry(&mut self) {
+        let grpc = self.registry.grpc_addr();
+        self.registry = registry(&self.db_url, Some(grpc)).await;
+        self.admin = Admin::new(&self.registry, ADMIN);
+    }
+
+    /// The worker process itself, to stop or inspect it.
+    ///
+    /// # Panics
+    /// While a clone of [`Stack::worker`] is held elsewhere.
+    pub fn worker_mut(&mut self) -> &mut WorkerProcess {
+        Arc::get_mut(&mut self.worker).expect("the worker is not shared any more")
     }
 }
 

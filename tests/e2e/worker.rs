@@ -9,33 +9,18 @@
 //! quiver-testkit`; `cargo nextest run --workspace` builds it).
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, McpServerProcess, ProcStat, RegistryProcess, WorkerProcess, eventually, proc_stat,
-    processes, testkit_mcp_bin,
+    McpServerProcess, ProcStat, Stack, WorkerProcess, eventually, proc_stat, processes,
+    testkit_mcp_bin,
 };
-
-pub(crate) const ADMIN: &str = "e2e-admin-token";
-pub(crate) const WORKER: &str = "e2e-worker-token";
-pub(crate) const CALLER: &str = "e2e-caller-token";
-
-/// The injected name, computed independently of the product's code:
-/// `mcp__<b64url(server_id)>__<b64url(tool)>` without padding.
-pub(crate) fn injected(server_id: &str, tool: &str) -> String {
-    format!(
-        "mcp__{}__{}",
-        URL_SAFE_NO_PAD.encode(server_id),
-        URL_SAFE_NO_PAD.encode(tool)
-    )
-}
+// The e2e tokens and record helpers live in the harness (its `Stack` uses
+// them); the other test modules import them from here.
+pub(crate) use crate::harness::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
 /// Sorted injected names of `tools` on each of `servers`.
 fn names(servers: &[&str], tools: &[&str]) -> Vec<String> {
@@ -45,72 +30,6 @@ fn names(servers: &[&str], tools: &[&str]) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// A stdio record running the test MCP server.
-pub(crate) fn stdio_record(server_id: &str, allowed: &[&str]) -> Value {
-    json!({
-        "server_id": server_id,
-        "transport": "stdio",
-        "stdio": {"command": testkit_mcp_bin()},
-        "allowed_tools": allowed,
-    })
-}
-
-/// A registry on `db_url` (gRPC on `grpc` when given, else ephemeral).
-pub(crate) async fn registry(db_url: &str, grpc: Option<SocketAddr>) -> RegistryProcess {
-    let args = [
-        "--database-url",
-        db_url,
-        "--admin-token",
-        ADMIN,
-        "--worker-token",
-        WORKER,
-    ];
-    match grpc {
-        Some(grpc) => RegistryProcess::start_on(grpc, &args).await,
-        None => RegistryProcess::start(&args).await,
-    }
-}
-
-/// A SQLite registry, its admin API, and a worker following it.
-struct Stack {
-    registry: RegistryProcess,
-    admin: Admin,
-    worker: WorkerProcess,
-    db_url: String,
-    _dir: TempDir,
-}
-
-impl Stack {
-    async fn start() -> Stack {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db_url = format!("sqlite://{}", dir.path().join("quiver.db").display());
-        let registry = registry(&db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        let worker = WorkerProcess::start::<&str>(&registry.grpc_url(), WORKER, CALLER, &[]).await;
-        Stack {
-            registry,
-            admin,
-            worker,
-            db_url,
-            _dir: dir,
-        }
-    }
-
-    /// Waits until the worker's snapshot is at `revision`.
-    async fn synced(&self, revision: u64) {
-        let worker = &self.worker;
-        eventually(
-            Duration::from_secs(5),
-            &format!("worker at revision {revision}"),
-            || async move {
-                let (_, ready) = worker.readyz().await;
-                (ready["revision"] == revision).then_some(())
-            },
-        )
-        .await;
-    }
 }
 
 /// Asserts a call is refused with `status` and the §10 `code`.
@@ -144,7 +63,7 @@ async fn stats(worker: &WorkerProcess, server_id: &str) -> Value {
 async fn worker_end_to_end() {
     let http_server = McpServerProcess::start("streamable-http").await;
     let sse_server = McpServerProcess::start("sse").await;
-    let stack = Stack::start().await;
+    let stack = Stack::sqlite().await;
     let (admin, worker) = (&stack.admin, &stack.worker);
 
     admin
@@ -263,7 +182,7 @@ async fn worker_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_budgets() {
-    let stack = Stack::start().await;
+    let stack = Stack::sqlite().await;
     let (admin, worker) = (&stack.admin, &stack.worker);
     let mut record = stdio_record("budget-conc", &["inflight", "stats"]);
     record["budgets"] = json!({"max_concurrency": 4});
@@ -372,7 +291,7 @@ async fn worker_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_faults() {
-    let mut stack = Stack::start().await;
+    let mut stack = Stack::sqlite().await;
     let admin = &stack.admin;
     let mut crashy = stdio_record("crashy", &["counter", "crash"]);
     // A crash must surface as unavailable, not wait for the default 30 s.
@@ -511,7 +430,7 @@ async fn worker_faults() {
             .any(|p| p.ppid == bystander_pid && p.pgrp == bystander_pid),
         "the bystander's grandchild runs in its group: {family:?}"
     );
-    let (status, took) = stack.worker.terminate(Duration::from_secs(15)).await;
+    let (status, took) = stack.worker_mut().terminate(Duration::from_secs(15)).await;
     eprintln!("worker exited {status} {took:?} after SIGTERM");
     assert!(status.success(), "worker exit status {status}");
     assert!(
@@ -544,7 +463,7 @@ async fn worker_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_registry_down() {
-    let mut stack = Stack::start().await;
+    let mut stack = Stack::sqlite().await;
     let rev1 = stack.admin.upsert(stdio_record("steady", &["echo"])).await;
     stack.synced(rev1).await;
     let worker = &stack.worker;
@@ -555,7 +474,6 @@ async fn worker_registry_down() {
     assert!(child_pid.is_u64(), "steady has a child: {child_pid}");
 
     // The registry goes away: the worker serves its snapshot, degraded.
-    let grpc = stack.registry.grpc_addr();
     let (status, _) = stack.registry.terminate(Duration::from_secs(10)).await;
     assert!(status.success(), "registry exit status {status}");
     let stopped = Instant::now();
@@ -578,8 +496,7 @@ async fn worker_registry_down() {
     assert_eq!(worker.call_text(&echo, json!({"text": "b"})).await, "b");
 
     // A registry on the same database and port: the worker resyncs to head.
-    stack.registry = registry(&stack.db_url, Some(grpc)).await;
-    stack.admin = Admin::new(&stack.registry, ADMIN);
+    stack.restart_registry().await;
     let rev2 = stack
         .admin
         .upsert(stdio_record("steady", &["echo", "add"]))
@@ -611,7 +528,7 @@ async fn worker_registry_down() {
     );
     // Same worker process, and the record change kept the child (only the
     // tool filter changed).
-    assert!(stack.worker.is_running());
+    assert!(stack.worker_mut().is_running());
     assert_eq!(
         stack.worker.server("steady").await.expect("steady")["pid"],
         child_pid

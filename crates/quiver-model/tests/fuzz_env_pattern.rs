@@ -12,15 +12,7 @@ use proptest::prelude::*;
 use quiver_model::env_ref::{Segment, Template, TemplateError, is_env_name};
 use quiver_model::pattern::{Pattern, PatternSet};
 use quiver_model::{McpServerSpec, ModelError, StdioConfig, Transport, validate};
-
-/// Cases per property unless `PROPTEST_CASES` says otherwise.
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig::with_cases(cases)
-}
+use quiver_testkit::fuzz::cases;
 
 /// Strings dense in template syntax: `$`, `{`, `}`, `ENV`, `:-`, names.
 fn template_text() -> impl Strategy<Value = String> {

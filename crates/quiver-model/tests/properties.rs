@@ -9,6 +9,7 @@ use quiver_model::{
     ModelError, PrefixOp, StdioConfig, Strictness, TransformStep, Transport, parse_document,
     parse_record_value, validate,
 };
+use quiver_testkit::fuzz::{self, cases};
 
 /// Top-level fields of a record: every error must be about one of them.
 const FIELDS: &[&str] = &[
@@ -180,7 +181,7 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(cases(2000))]
 
     #[test]
     fn arbitrary_bytes_never_panic_the_parser(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -218,25 +219,6 @@ proptest! {
 }
 
 /// JSON documents shaped like records: real field names with random values.
-fn json_value(depth: u32) -> impl Strategy<Value = serde_json::Value> {
-    let leaf = prop_oneof![
-        Just(serde_json::Value::Null),
-        any::<bool>().prop_map(serde_json::Value::Bool),
-        any::<i64>().prop_map(|n| serde_json::json!(n)),
-        text().prop_map(serde_json::Value::String),
-    ];
-    leaf.prop_recursive(depth, 32, 6, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
-            proptest::collection::btree_map(
-                prop_oneof![
-                    proptest::sample::select(FIELDS).prop_map(str::to_owned),
-                    "[a-z_]{1,8}"
-                ],
-                inner,
-                0..6
-            )
-            .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
-        ]
-    })
+fn json_value(depth: u32) -> BoxedStrategy<serde_json::Value> {
+    fuzz::json_value(FIELDS, text(), depth)
 }

@@ -1,9 +1,9 @@
 //! Registry benchmark (issue #2): upsert throughput and upsert → watch-event
 //! latency over real gRPC, on SQLite and on PostgreSQL.
 //!
-//! Each backend gets a real in-process registry (`Registry::start` on
-//! `127.0.0.1:0`, admin token, served by `Registry::run`) and tonic clients on
-//! loopback. Every figure is printed next to a baseline measured in the same
+//! Each backend gets a real in-process registry (`quiver_testkit::registry::
+//! InProcessRegistry`: `Registry::start` on `127.0.0.1:0` with the test
+//! tokens, served by `Registry::run`) and tonic clients on loopback. Every figure is printed next to a baseline measured in the same
 //! run on the same machine, and the ratio between the two is the number to
 //! compare across runs (the absolute numbers move with the load of the shared
 //! machine):
@@ -36,18 +36,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_proto::v1 as pb;
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions};
-use quiver_store::{SqlStore, Store};
+use quiver_store::SqlStore;
 use quiver_testkit::postgres::TestDatabase;
+use quiver_testkit::registry::{self, ADMIN_TOKEN, InProcessRegistry};
 use sqlx::Executor;
 use sqlx::any::AnyPoolOptions;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-const ADMIN_TOKEN: &str = "bench-admin-token";
 /// Same pragmas as the registry's SQLite store (`quiver-store/src/sqlite.rs`).
 const SQLITE_PRAGMAS: &str =
     "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000;";
@@ -252,53 +249,6 @@ async fn upsert(client: &mut Client, server_id: &str, version: usize) -> BenchRe
 
 // ---------------------------------------------------------------- registry phases
 
-/// A registry served in this process until [`RunningRegistry::stop`].
-struct RunningRegistry {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RunningRegistry {
-    async fn start(store: Arc<dyn Store>) -> BenchResult<Self> {
-        let shutdown = CancellationToken::new();
-        let options = RegistryOptions {
-            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            auth: AuthConfig {
-                admin_token: Some(ADMIN_TOKEN.to_owned()),
-                worker_token: None,
-                insecure_no_auth: false,
-            },
-            mcp_dir: None,
-            rescan_interval: None,
-            change_log_retention: None,
-            shutdown_grace: Duration::from_secs(1),
-            // Everything else (heartbeat, fan-out sizes) as deployed; the
-            // watch reader skips heartbeats.
-            ..RegistryOptions::default()
-        };
-        let registry = Registry::start(store, options, shutdown.clone()).await?;
-        let addr = registry.grpc_addr();
-        let task = tokio::spawn(async move {
-            if let Err(err) = registry.run().await {
-                eprintln!("registry stopped with an error: {err}");
-            }
-        });
-        Ok(RunningRegistry {
-            addr,
-            shutdown,
-            task,
-        })
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
-    }
-}
-
-/// `count` sequential upserts by one client, cycling over `records` records.
 async fn upsert_phase(
     client: &mut Client,
     prefix: &str,
@@ -510,7 +460,7 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
     let scratch = tempfile::tempdir()?;
     // Keeps the PostgreSQL database alive until the end of this function.
     let mut database = None;
-    let (store, baseline_url): (Arc<dyn Store>, String) = match backend {
+    let (store, baseline_url): (Arc<SqlStore>, String) = match backend {
         Backend::Sqlite => {
             let registry_url = format!("sqlite://{}", scratch.path().join("registry.db").display());
             let baseline_url = format!(
@@ -531,9 +481,11 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
     };
     let name = backend.name();
     eprintln!("[{name}] starting registry");
-    let registry = RunningRegistry::start(store.clone()).await?;
+    // Heartbeats and fan-out sizes as deployed; the watch reader skips
+    // heartbeats.
+    let registry = InProcessRegistry::start(store.clone(), registry::test_options()).await;
     let pool = baseline_pool(backend, &baseline_url, config.clients).await?;
-    let mut client = connect(registry.addr).await?;
+    let mut client = connect(registry.grpc_addr()).await?;
 
     // Baseline (a): raw INSERT + COMMIT, 1 connection and `clients` connections.
     eprintln!("[{name}] raw insert baseline");
@@ -549,12 +501,13 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
 
     // Upsert throughput, `clients` clients.
     eprintln!("[{name}] {} concurrent clients", config.clients);
-    let conc = concurrent_upserts(registry.addr, "conc", config.clients, config.upserts).await?;
+    let conc =
+        concurrent_upserts(registry.grpc_addr(), "conc", config.clients, config.upserts).await?;
 
     // Upsert → watch event.
     eprintln!("[{name}] upsert → watch event");
     let events = event_phase(
-        registry.addr,
+        registry.grpc_addr(),
         &mut client,
         "watched",
         config.events,
@@ -567,10 +520,10 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
     let replica_events = match &database {
         Some(db) => {
             eprintln!("[{name}] upsert → watch event on a second replica");
-            let replica_store: Arc<dyn Store> = Arc::new(SqlStore::open_postgres(db.url()).await?);
-            let replica = RunningRegistry::start(replica_store).await?;
+            let replica_store = Arc::new(SqlStore::open_postgres(db.url()).await?);
+            let replica = InProcessRegistry::start(replica_store, registry::test_options()).await;
             let events = event_phase(
-                replica.addr,
+                replica.grpc_addr(),
                 &mut client,
                 "replicated",
                 config.events,

@@ -15,16 +15,8 @@ use std::sync::OnceLock;
 use common::{ADMIN, TestRegistry, rest, sqlite_registry};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use quiver_testkit::fuzz::{self, cases};
 use serde_json::{Value, json};
-
-/// Cases per property unless `PROPTEST_CASES` says otherwise.
-fn cases(default: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    ProptestConfig::with_cases(cases)
-}
 
 /// One runtime and one registry per test binary process.
 fn registry() -> &'static (tokio::runtime::Runtime, TestRegistry) {
@@ -72,36 +64,11 @@ const KEYS: &[&str] = &[
     "labels",
 ];
 
-fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_map(|n| json!(n)),
-        prop_oneof![
-            Just("stdio".to_owned()),
-            Just("streamable_http".to_owned()),
-            Just("*".to_owned()),
-            Just("${ENV:X}".to_owned()),
-            "[a-z0-9_.-]{0,12}",
-            any::<String>(),
-        ]
-        .prop_map(Value::String),
-    ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            proptest::collection::btree_map(
-                prop_oneof![
-                    proptest::sample::select(KEYS).prop_map(str::to_owned),
-                    "[a-z_]{1,8}"
-                ],
-                inner,
-                0..6
-            )
-            .prop_map(|map| Value::Object(map.into_iter().collect())),
-        ]
-    })
+/// String values the record parser gives meaning to.
+const WORDS: &[&str] = &["stdio", "streamable_http", "*", "${ENV:X}"];
+
+fn json_value() -> BoxedStrategy<Value> {
+    fuzz::json_value(KEYS, fuzz::words(WORDS), 4)
 }
 
 /// Sends `body` to `path` as the admin; the answer must be 2xx or 4xx, and

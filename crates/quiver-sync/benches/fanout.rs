@@ -1,7 +1,8 @@
 //! Sync fan-out benchmark: how long after an upsert every worker serves it.
 //!
-//! One real in-process registry (SQLite in a temporary directory, served by
-//! `Registry::run` on `127.0.0.1:0`) and `QUIVER_BENCH_SYNCS` independent
+//! One real in-process registry (`quiver_testkit::registry::InProcessRegistry`:
+//! SQLite in a temporary directory, served by `Registry::run` on
+//! `127.0.0.1:0`) and `QUIVER_BENCH_SYNCS` independent
 //! `SyncService`s in this process, each on its own gRPC channel, as that many
 //! workers would be. Upserts go one at a time through the admin gRPC API; for
 //! each, the clock runs from just before the upsert RPC until the *last* sync
@@ -21,21 +22,16 @@
 
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions};
-use quiver_store::SqlStore;
 use quiver_sync::{SyncOptions, SyncService};
+use quiver_testkit::registry::{ADMIN_TOKEN, InProcessRegistry, WORKER_TOKEN};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-const ADMIN_TOKEN: &str = "bench-admin-token";
-const WORKER_TOKEN: &str = "bench-worker-token";
 /// Records in the registry; upserts cycle through them.
 const RECORDS: usize = 20;
 /// Longest wait for one upsert to reach every sync before giving up.
@@ -243,35 +239,8 @@ async fn main() -> BenchResult<()> {
     let upserts = env_usize("QUIVER_BENCH_UPSERTS", 200).max(1);
     let warmup = env_usize("QUIVER_BENCH_WARMUP", 10);
 
-    let dir = tempfile::tempdir()?;
-    let store = Arc::new(
-        SqlStore::open_sqlite(&format!(
-            "sqlite://{}",
-            dir.path().join("registry.db").display()
-        ))
-        .await?,
-    );
-    let shutdown = CancellationToken::new();
-    let registry = Registry::start(
-        store,
-        RegistryOptions {
-            grpc_listen: "127.0.0.1:0".parse()?,
-            http_listen: "127.0.0.1:0".parse()?,
-            auth: AuthConfig {
-                admin_token: Some(ADMIN_TOKEN.into()),
-                worker_token: Some(WORKER_TOKEN.into()),
-                insecure_no_auth: false,
-            },
-            rescan_interval: None,
-            change_log_retention: None,
-            shutdown_grace: Duration::from_secs(1),
-            ..Default::default()
-        },
-        shutdown.clone(),
-    )
-    .await?;
-    let url = format!("http://{}", registry.grpc_addr());
-    tokio::spawn(registry.run());
+    let registry = InProcessRegistry::sqlite(|_| {}).await;
+    let url = registry.grpc.clone();
 
     let mut admin = client(&url, ADMIN_TOKEN).await?;
     for n in 0..RECORDS {
@@ -283,7 +252,7 @@ async fn main() -> BenchResult<()> {
     eprintln!("[fanout] upsert → {syncs} snapshots swapped, {upserts} upserts");
     let next = RECORDS + warmup + upserts;
     let fan = fanout(&url, &mut admin, syncs, warmup, upserts, next).await?;
-    shutdown.cancel();
+    registry.stop().await;
 
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     println!(

@@ -11,75 +11,26 @@ use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions, ServeError};
 use quiver_store::{DeleteRequest, SqlStore, Store, UpsertRequest};
 use quiver_sync::{Snapshot, SnapshotHandle, SyncOptions, SyncService};
+use quiver_testkit::registry::{
+    self, ADMIN_TOKEN as ADMIN, InProcessRegistry, WORKER_TOKEN as WORKER,
+};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const ADMIN: &str = "admin-secret";
-const WORKER: &str = "worker-secret";
-
-/// A registry serving one store; stopped when dropped.
-struct TestRegistry {
-    grpc_addr: SocketAddr,
-    http: String,
-    shutdown: CancellationToken,
-    task: Option<JoinHandle<Result<(), ServeError>>>,
-}
-
-impl TestRegistry {
-    async fn start(store: Arc<SqlStore>, grpc_listen: SocketAddr) -> Self {
-        let options = RegistryOptions {
-            grpc_listen,
-            http_listen: "127.0.0.1:0".parse().unwrap(),
-            auth: AuthConfig {
-                admin_token: Some(ADMIN.into()),
-                worker_token: Some(WORKER.into()),
-                insecure_no_auth: false,
-            },
-            rescan_interval: None,
-            change_log_retention: None,
-            shutdown_grace: Duration::from_secs(1),
-            ..Default::default()
-        };
-        let shutdown = CancellationToken::new();
-        let registry = Registry::start(store, options, shutdown.clone())
-            .await
-            .unwrap();
-        TestRegistry {
-            grpc_addr: registry.grpc_addr(),
-            http: format!("http://{}", registry.http_addr()),
-            shutdown,
-            task: Some(tokio::spawn(registry.run())),
-        }
-    }
-
-    /// Stops serving and waits until the listeners are closed.
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(5), task)
-                .await
-                .expect("registry did not stop within 5 s")
-                .unwrap()
-                .unwrap();
-        }
-    }
-}
-
-impl Drop for TestRegistry {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+/// A registry on `store` listening for gRPC on `grpc_listen`.
+async fn serve(store: Arc<SqlStore>, grpc_listen: SocketAddr) -> InProcessRegistry {
+    let mut options = registry::test_options();
+    options.grpc_listen = grpc_listen;
+    InProcessRegistry::start(store, options).await
 }
 
 /// A SQLite database in a temporary directory and the registry serving it.
 struct Env {
     store: Arc<SqlStore>,
-    registry: Option<TestRegistry>,
+    registry: Option<InProcessRegistry>,
     _dir: tempfile::TempDir,
 }
 
@@ -88,7 +39,7 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("registry.db").display());
         let store = Arc::new(SqlStore::open_sqlite(&url).await.unwrap());
-        let registry = TestRegistry::start(store.clone(), "127.0.0.1:0".parse().unwrap()).await;
+        let registry = serve(store.clone(), "127.0.0.1:0".parse().unwrap()).await;
         Env {
             store,
             registry: Some(registry),
@@ -96,17 +47,17 @@ impl Env {
         }
     }
 
-    fn registry(&self) -> &TestRegistry {
+    fn registry(&self) -> &InProcessRegistry {
         self.registry.as_ref().expect("registry is running")
     }
 
     fn grpc_addr(&self) -> SocketAddr {
-        self.registry().grpc_addr
+        self.registry().grpc_addr()
     }
 
     async fn stop_registry(&mut self) -> SocketAddr {
         let registry = self.registry.take().expect("registry is running");
-        let addr = registry.grpc_addr;
+        let addr = registry.grpc_addr();
         registry.stop().await;
         addr
     }
@@ -115,7 +66,7 @@ impl Env {
     /// after a process restart.
     async fn restart_registry(&mut self, addr: SocketAddr) {
         assert!(self.registry.is_none(), "stop the registry first");
-        self.registry = Some(TestRegistry::start(self.store.clone(), addr).await);
+        self.registry = Some(serve(self.store.clone(), addr).await);
     }
 
     async fn upsert(&self, id: &str, command: &str) -> u64 {

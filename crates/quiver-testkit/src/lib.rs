@@ -2,7 +2,11 @@
 //! here talks to real components: a real PostgreSQL server, real processes.
 
 pub mod bench;
+#[cfg(feature = "proptest")]
+pub mod fuzz;
 pub mod legacy_sse;
 pub mod mcp_server;
 pub mod postgres;
+#[cfg(feature = "registry")]
+pub mod registry;
 pub mod upstream;

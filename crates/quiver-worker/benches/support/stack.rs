@@ -1,5 +1,6 @@
 //! The registry and worker the worker benchmarks run against, both served in
-//! the benchmark's process over loopback, stopped by one token. Included by
+//! the benchmark's process over loopback (the registry is
+//! `quiver_testkit::registry::InProcessRegistry`). Included by
 //! each benchmark with `#[path = "support/stack.rs"] mod stack;`.
 
 use std::net::SocketAddr;
@@ -8,10 +9,9 @@ use std::time::Duration;
 
 use quiver_mcp::{McpPool, PoolOptions};
 use quiver_model::{McpServerSpec, Source, StoredServer};
-use quiver_registry::auth::AuthConfig;
-use quiver_registry::{Registry, RegistryOptions};
-use quiver_store::{SqlStore, Store, UpsertRequest};
+use quiver_store::{Store, UpsertRequest};
 use quiver_sync::{SnapshotHandle, SyncOptions};
+use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
 use quiver_upstream::UpstreamOptions;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig};
@@ -23,8 +23,6 @@ pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The caller token of task `default`.
 pub const CALLER_TOKEN: &str = "bench-caller-token";
-const WORKER_TOKEN: &str = "bench-worker-token";
-const ADMIN_TOKEN: &str = "bench-admin-token";
 /// Bound on syncing and warming up.
 const WARM_UP: Duration = Duration::from_secs(60);
 
@@ -37,8 +35,8 @@ pub struct Stack {
     pub snapshot: SnapshotHandle,
     /// The worker's MCP pool.
     pub pool: McpPool,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    _scratch: tempfile::TempDir,
+    worker: tokio::task::JoinHandle<()>,
+    registry: InProcessRegistry,
 }
 
 impl Stack {
@@ -48,12 +46,11 @@ impl Stack {
         specs: Vec<McpServerSpec>,
         upstream: Option<UpstreamOptions>,
     ) -> BenchResult<Stack> {
-        let scratch = tempfile::tempdir()?;
-        let url = format!("sqlite://{}", scratch.path().join("registry.db").display());
-        let store: Arc<dyn Store> = Arc::new(SqlStore::open_sqlite(&url).await?);
+        let registry = InProcessRegistry::sqlite(|_| {}).await;
         let ids: Vec<String> = specs.iter().map(|s| s.server_id.clone()).collect();
         for spec in specs {
-            store
+            registry
+                .store
                 .upsert(UpsertRequest {
                     spec,
                     expected_revision: None,
@@ -63,27 +60,11 @@ impl Stack {
                 .await?;
         }
         let shutdown = CancellationToken::new();
-        let registry = Registry::start(
-            store,
-            RegistryOptions {
-                grpc_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-                auth: AuthConfig {
-                    admin_token: Some(ADMIN_TOKEN.into()),
-                    worker_token: Some(WORKER_TOKEN.into()),
-                    insecure_no_auth: false,
-                },
-                shutdown_grace: Duration::from_secs(1),
-                ..RegistryOptions::default()
-            },
-            shutdown.clone(),
-        )
-        .await?;
         let worker = Worker::start(
             WorkerOptions {
                 http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 sync: SyncOptions {
-                    registry_url: format!("http://{}", registry.grpc_addr()),
+                    registry_url: registry.grpc.clone(),
                     token: Some(WORKER_TOKEN.into()),
                     worker_id: "bench".into(),
                     ..SyncOptions::default()
@@ -112,19 +93,12 @@ impl Stack {
             worker_url: format!("http://{}", worker.http_addr()),
             snapshot: worker.snapshot(),
             pool: worker.pool(),
-            tasks: vec![
-                tokio::spawn(async move {
-                    if let Err(err) = registry.run().await {
-                        eprintln!("registry stopped with an error: {err}");
-                    }
-                }),
-                tokio::spawn(async move {
-                    if let Err(err) = worker.run().await {
-                        eprintln!("worker stopped with an error: {err}");
-                    }
-                }),
-            ],
-            _scratch: scratch,
+            worker: tokio::spawn(async move {
+                if let Err(err) = worker.run().await {
+                    eprintln!("worker stopped with an error: {err}");
+                }
+            }),
+            registry,
         };
         tokio::time::timeout(WARM_UP, async {
             loop {
@@ -153,11 +127,10 @@ impl Stack {
             .clone())
     }
 
-    /// Stops registry and worker (MCP connections closed).
+    /// Stops worker (MCP connections closed) and registry.
     pub async fn stop(self) {
         self.shutdown.cancel();
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        let _ = self.worker.await;
+        self.registry.stop().await;
     }
 }

@@ -481,16 +481,9 @@ mod proptests {
     use quiver_model::budget::BudgetLimits;
     use quiver_mcp::ErrorCode;
     use quiver_model::policy::{CompiledTaskPolicy, TaskPolicy};
+    use quiver_testkit::fuzz::{self, cases};
 
     use super::*;
-
-    fn cases(default: u32) -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default);
-        ProptestConfig::with_cases(cases)
-    }
 
     /// Field names of a chat request and of its `mcp` extension.
     const KEYS: &[&str] = &[
@@ -516,35 +509,11 @@ mod proptests {
         "max_tool_output_bytes",
     ];
 
-    fn json_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| serde_json::json!(n)),
-            any::<f64>().prop_map(|n| serde_json::json!(n)),
-            prop_oneof![
-                Just("function".to_owned()),
-                Just("*".to_owned()),
-                Just("fs".to_owned()),
-                "[a-z_*.]{0,10}",
-                any::<String>(),
-            ]
-            .prop_map(Value::String),
-        ];
-        leaf.prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                proptest::collection::btree_map(
-                    prop_oneof![
-                        proptest::sample::select(KEYS).prop_map(str::to_owned),
-                        "[a-z_]{1,8}"
-                    ],
-                    inner,
-                    0..6
-                )
-                .prop_map(|map| Value::Object(map.into_iter().collect())),
-            ]
-        })
+    /// String values the parser gives meaning to.
+    const WORDS: &[&str] = &["function", "*", "fs"];
+
+    fn json_value() -> BoxedStrategy<Value> {
+        fuzz::json_value(KEYS, fuzz::words(WORDS), 4)
     }
 
     /// A request object: known top-level keys with arbitrary values.
