@@ -8,7 +8,6 @@
 //! [`ServerLog`], never one log line per message.
 
 use std::collections::VecDeque;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit};
@@ -28,6 +27,7 @@ use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::peer_events::PeerEvents;
 use crate::process_tree;
 use crate::server_log::ServerLog;
+use crate::stdio::StdioTransport;
 
 /// Lines of stderr kept per server.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -118,6 +118,8 @@ impl StderrTail {
 pub struct ConnectSettings {
     /// Bound on spawning/connecting plus the `initialize` handshake.
     pub initialize_timeout: Duration,
+    /// Longest message a stdio server may send (see [`crate::stdio`]).
+    pub max_message_bytes: usize,
     /// HTTP client shared by the HTTP transports.
     pub http: reqwest::Client,
     /// Parallel requests one HTTP connection may carry.
@@ -184,7 +186,9 @@ impl Connection {
         let connecting = async {
             match launch {
                 Launch::Stdio(stdio) => {
-                    Self::open_stdio(stdio, stderr, &instance, client_side()).await
+                    let max_message_bytes = settings.max_message_bytes;
+                    Self::open_stdio(stdio, stderr, &instance, max_message_bytes, client_side())
+                        .await
                 }
                 Launch::StreamableHttp(http) => {
                     let url = parse_url(&http.url)?;
@@ -221,9 +225,13 @@ impl Connection {
                 ))
             })?
             .map_err(|err| match err {
-                McpError::Unavailable(message) => {
-                    McpError::Unavailable(with_stderr(message, stderr))
-                }
+                // Transport errors quote the URL (reqwest: "error sending
+                // request for url (…?api_key=…)"); this text is logged and
+                // reported, so URL secrets are masked first.
+                McpError::Unavailable(message) => McpError::Unavailable(with_stderr(
+                    quiver_model::redact_urls(&message),
+                    stderr,
+                )),
                 other => other,
             })?;
         Ok(Connection {
@@ -242,6 +250,7 @@ impl Connection {
         launch: &StdioLaunch,
         stderr_tail: &StderrTail,
         instance: &str,
+        max_message_bytes: usize,
         client_side: ClientSide,
     ) -> Result<(RunningService<RoleClient, ClientSide>, Option<u32>), McpError> {
         let mut command = tokio::process::Command::new(&launch.command);
@@ -256,13 +265,10 @@ impl Connection {
         let mut wrapped = CommandWrap::from(command);
         // Its own process group: closing kills the server and anything it spawned.
         wrapped.wrap(ProcessGroup::leader());
-        let (transport, stderr) = TokioChildProcess::builder(wrapped)
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|err| {
+        let (transport, pid, stderr) =
+            StdioTransport::spawn(wrapped, max_message_bytes, &client_side.log).map_err(|err| {
                 McpError::Unavailable(format!("cannot start {:?}: {err}", launch.command))
             })?;
-        let pid = transport.id();
         if let Some(stderr) = stderr {
             stderr_tail.follow(stderr, pid);
         }

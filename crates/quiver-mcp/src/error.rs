@@ -19,9 +19,14 @@ pub enum McpError {
     /// connected); the message names the host and how to allow it.
     #[error("{0}")]
     EgressDenied(String),
-    /// The server answered with a JSON-RPC error other than invalid params.
+    /// The server answered with a JSON-RPC error other than invalid params,
+    /// or with a message that cannot be parsed.
     #[error("{0}")]
     Protocol(String),
+    /// The server's answer is over `max_message_bytes`: it was dropped
+    /// unread, and the request failed at once.
+    #[error("{0}")]
+    OutputTooLarge(String),
 }
 
 impl McpError {
@@ -32,6 +37,7 @@ impl McpError {
             McpError::Timeout(_) => ErrorCode::McpTimeout,
             McpError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
             McpError::EgressDenied(_) => ErrorCode::McpPolicyDenied,
+            McpError::OutputTooLarge(_) => ErrorCode::McpOutputTooLarge,
         }
     }
 

@@ -8,14 +8,17 @@ pub mod connection;
 pub mod egress;
 mod error;
 mod inflight;
+mod json_scan;
 pub mod launch;
 pub mod legacy_sse;
+mod listing;
 pub mod output;
 mod peer_events;
 mod pool;
 pub mod probe;
 mod process_tree;
 pub mod server_log;
+mod stdio;
 mod tools;
 
 pub use code::ErrorCode;

@@ -9,14 +9,16 @@
 //! other servers never wait on it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, StoredServer};
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, ServerResult, Tool};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, JsonObject, PaginatedRequestParams, ServerResult, Tool,
+};
 use rmcp::service::ServiceError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -24,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::error::McpError;
 use crate::inflight::{Answer, InFlightCall};
+use crate::listing::{ListLimits, list_paged};
 use crate::launch::{EnvLookup, Launch, launch, process_env};
 use crate::output::{OutputSize, enforce_cap};
 use crate::server_log::ServerLog;
@@ -53,6 +56,20 @@ pub struct PoolOptions {
     /// then, the connection is recycled (see [`crate::inflight`] for the
     /// trade-off).
     pub cancel_grace: Duration,
+    /// Pages one listing (`tools/list`, …) follows at most: a server that
+    /// always returns a `nextCursor` fails its listing with an error naming
+    /// this limit instead of being paged forever.
+    pub max_list_pages: usize,
+    /// Items (tools, …) one listing keeps at most, over all its pages.
+    pub max_list_items: usize,
+    /// Bytes (as JSON) of the items of one listing at most, over all pages.
+    pub max_list_bytes: usize,
+    /// Bound on one whole listing, every page (connecting is bounded by
+    /// `initialize_timeout` apart).
+    pub list_timeout: Duration,
+    /// Longest message a stdio server may send; a longer answer is dropped
+    /// unread and fails its request at once (`mcp_output_too_large`).
+    pub max_message_bytes: usize,
     /// Where `${ENV:…}` and the children's base environment come from.
     pub env: EnvLookup,
     /// HTTP client of the HTTP transports (build it from
@@ -74,6 +91,11 @@ impl Default for PoolOptions {
             restart_backoff_min: Duration::from_millis(250),
             restart_backoff_max: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(2),
+            max_list_pages: 100,
+            max_list_items: 10_000,
+            max_list_bytes: 32 << 20,
+            list_timeout: Duration::from_secs(30),
+            max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
             env: process_env(),
             // Only fails where `reqwest::Client::new()` would panic (no TLS
             // backend); that client is the fallback.
@@ -81,6 +103,18 @@ impl Default for PoolOptions {
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
             egress: crate::egress::EgressPolicy::default(),
+        }
+    }
+}
+
+impl PoolOptions {
+    /// The bounds of one listing.
+    fn list_limits(&self) -> ListLimits {
+        ListLimits {
+            max_pages: self.max_list_pages,
+            max_items: self.max_list_items,
+            max_bytes: self.max_list_bytes,
+            timeout: self.list_timeout,
         }
     }
 }
@@ -164,6 +198,12 @@ struct Entry {
     last_used: Mutex<Instant>,
     last_error: Mutex<Option<String>>,
     recent_failures: AtomicU64,
+    /// The last listing failed (or was not answered in time); cleared by
+    /// one that succeeds. Health shows the server degraded meanwhile.
+    listing_failed: AtomicBool,
+    /// The last connect was refused by `max_child_processes`; cleared by a
+    /// connect. Health shows the server down meanwhile.
+    beyond_child_cap: AtomicBool,
     latencies: Mutex<std::collections::VecDeque<f64>>,
 }
 
@@ -182,6 +222,8 @@ impl Entry {
             last_used: Mutex::new(Instant::now()),
             last_error: Mutex::new(None),
             recent_failures: AtomicU64::new(0),
+            listing_failed: AtomicBool::new(false),
+            beyond_child_cap: AtomicBool::new(false),
             latencies: Mutex::new(std::collections::VecDeque::with_capacity(LATENCY_WINDOW)),
         }
     }
@@ -419,17 +461,28 @@ impl McpPool {
             )));
         }
         let child_slot = match launch {
-            Launch::Stdio(_) => Some(self.inner.children.clone().try_acquire_owned().map_err(
-                |_| {
-                    McpError::Unavailable(format!(
-                        "worker child-process limit ({}) reached",
+            Launch::Stdio(_) => match self.inner.children.clone().try_acquire_owned() {
+                Ok(child_slot) => Some(child_slot),
+                Err(_) => {
+                    // Not a failure of the server: no backoff, it starts as
+                    // soon as a slot is free; health says why it waits.
+                    let err = McpError::Unavailable(format!(
+                        "worker child-process limit reached (max_child_processes = {}): this stdio server is not started until another one stops",
                         self.inner.options.max_child_processes
-                    ))
-                },
-            )?),
+                    ));
+                    if !entry.beyond_child_cap.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(server_id = %entry.server_id(), error = %err, "mcp server not started");
+                    }
+                    metrics::counter!("mcp_child_limit_refusals_total", "server_id" => entry.server_id())
+                        .increment(1);
+                    entry.set_error(&err);
+                    return Err(err);
+                }
+            },
             _ => None,
         };
         let settings = ConnectSettings {
+            max_message_bytes: self.inner.options.max_message_bytes,
             initialize_timeout: self.inner.options.initialize_timeout,
             http: self.inner.options.http.clone(),
             max_concurrent_requests: entry.server.load().spec.budgets.max_concurrency as usize,
@@ -444,6 +497,7 @@ impl McpPool {
                 let connection = Arc::new(connection);
                 slot.connects += 1;
                 slot.failures = 0;
+                entry.beyond_child_cap.store(false, Ordering::Release);
                 slot.backoff = None;
                 slot.retry_at = None;
                 slot.connection = Some(connection.clone());
@@ -492,8 +546,43 @@ impl McpPool {
         Some(hit)
     }
 
+    /// The server's tools, waiting at most `wait` for them: a listing not
+    /// done by then goes on in a task of its own (and serves later callers),
+    /// while this caller gets an error, also shown in the server's health.
+    pub async fn list_tools_within(
+        &self,
+        server: &Arc<StoredServer>,
+        wait: Duration,
+    ) -> Result<Arc<Vec<Tool>>, McpError> {
+        // The steady state: answered from the cache, no task needed.
+        if let Some(cached) = self.cached_tools(server) {
+            return cached;
+        }
+        let listing = {
+            let (pool, server) = (self.clone(), server.clone());
+            tokio::spawn(async move { pool.list_tools(&server).await })
+        };
+        match tokio::time::timeout(wait, listing).await {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(join)) => Err(McpError::Unavailable(format!(
+                "listing tools failed: {join}"
+            ))),
+            Err(_) => {
+                let err = McpError::Unavailable(format!(
+                    "tools not listed within {} ms (the server is still connecting or has not answered tools/list)",
+                    wait.as_millis()
+                ));
+                let entry = self.entry(server);
+                entry.listing_failed.store(true, Ordering::Release);
+                entry.set_error(&err);
+                Err(err)
+            }
+        }
+    }
+
     /// The server's tools: cached with a TTL, failures cached briefly, and
-    /// concurrent misses sharing one fetch (R-MCP-4). Follows pagination.
+    /// concurrent misses sharing one fetch (R-MCP-4). Follows pagination
+    /// within the pool's listing limits (`max_list_pages`, …).
     pub async fn list_tools(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {
         let entry = self.entry(server);
         let options = &self.inner.options;
@@ -506,10 +595,27 @@ impl McpPool {
                 fetched.store(true, Ordering::Relaxed);
                 let connection = pool.connection(&entry).await?;
                 entry.touch();
-                match connection.peer().list_all_tools().await {
-                    Ok(tools) => Ok(Arc::new(tools)),
+                let limits = pool.inner.options.list_limits();
+                let listed = list_paged("tools/list", &limits, |cursor| {
+                    let peer = connection.peer().clone();
+                    async move {
+                        let params = PaginatedRequestParams::default().with_cursor(cursor);
+                        let page = peer
+                            .list_tools(Some(params))
+                            .await
+                            .map_err(|err| map_service_error(err, 0))?;
+                        Ok((page.tools, page.next_cursor))
+                    }
+                })
+                .await;
+                match listed {
+                    Ok(tools) => {
+                        entry.listing_failed.store(false, Ordering::Release);
+                        Ok(Arc::new(tools))
+                    }
                     Err(err) => {
-                        let err = map_service_error(err, 0);
+                        entry.listing_failed.store(true, Ordering::Release);
+                        tracing::warn!(server_id = %entry.server_id(), error = %err, "mcp server tools/list failed");
                         if connection.is_closed() {
                             entry.discard(&connection).await;
                             drop(connection);
@@ -662,17 +768,19 @@ impl McpPool {
                 let live = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let slot = entry.slot.try_lock().ok();
                 // Down until a connect succeeds again, not only while backing off.
-                let last_connect_failed = slot.as_ref().is_some_and(|s| s.failures > 0);
+                let last_connect_failed = slot.as_ref().is_some_and(|s| s.failures > 0)
+                    || entry.beyond_child_cap.load(Ordering::Acquire);
+                let listing_failed = entry.listing_failed.load(Ordering::Acquire);
                 let state = match (&entry.launch, &live) {
                     (Err(_), _) => HealthState::Down,
                     (_, Some(c)) if !c.is_closed() => {
-                        if entry.recent_failures.load(Ordering::Relaxed) > 0 {
+                        if listing_failed || entry.recent_failures.load(Ordering::Relaxed) > 0 {
                             HealthState::Degraded
                         } else {
                             HealthState::Connected
                         }
                     }
-                    _ if last_connect_failed => HealthState::Down,
+                    _ if last_connect_failed || listing_failed => HealthState::Down,
                     _ => HealthState::Idle,
                 };
                 let last_error = match &entry.launch {
@@ -762,6 +870,11 @@ async fn acquire_both(
 
 /// Maps rmcp's errors to the §10 codes.
 fn map_service_error(err: ServiceError, timeout_ms: u64) -> McpError {
+    if let ServiceError::McpError(error) = &err
+        && let Some(dropped) = crate::stdio::dropped_answer(error)
+    {
+        return dropped;
+    }
     match err {
         ServiceError::McpError(error) if error.code == rmcp::model::ErrorCode::INVALID_PARAMS => {
             McpError::InvalidArguments(error.message.to_string())

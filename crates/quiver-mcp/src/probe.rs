@@ -149,6 +149,7 @@ pub async fn probe_with_egress(
         outcome => {
             // The transport was dropped with the connect future: its drop
             // kills the child's group; give the pipe a moment to deliver.
+        max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
             stderr.drained(STDERR_DRAIN).await;
             let tail = stderr.lines();
             return Err(match outcome {

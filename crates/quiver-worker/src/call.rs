@@ -176,8 +176,9 @@ impl ToolRunner {
 
     /// The tools `task` (narrowed by `session`, restricted to `only`) may
     /// use now; see [`Catalog::build`]. Resolving a call (`only` given)
-    /// waits for its server as long as the call's own path would; a listing
-    /// of several servers waits at most `catalog_wait` for each.
+    /// waits for its server at most the server's `tool_timeout_ms` (the call
+    /// then gets what is left of it); a listing of several servers waits at
+    /// most `catalog_wait` for each.
     pub async fn catalog(
         &self,
         snapshot: &Snapshot,
@@ -192,13 +193,24 @@ impl ToolRunner {
             &task.policy,
             session,
             only,
-            only.is_none().then_some(self.catalog_wait),
+            Some(self.catalog_wait_for(snapshot, only)),
         )
         .await
     }
 
     /// Resolves `request.name` against what `task` may use and runs it.
     pub async fn call(
+    /// How long a catalog restricted to `only` waits for a server's tools.
+    fn catalog_wait_for(&self, snapshot: &Snapshot, only: Option<&BTreeSet<String>>) -> Duration {
+        only.and_then(|ids| {
+            ids.iter()
+                .filter_map(|id| snapshot.servers.get(id))
+                .map(|server| Duration::from_millis(server.spec.budgets.tool_timeout_ms))
+                .max()
+        })
+        .unwrap_or(self.catalog_wait)
+    }
+
         &self,
         snapshot: &Snapshot,
         task: &Task,
@@ -235,7 +247,8 @@ impl ToolRunner {
     }
 
     /// Runs a tool already resolved against the caller's catalog. `started`
-    /// is when the caller's request for it arrived (latency metric).
+    /// is when the caller's request for it arrived (latency metric): the
+    /// server's `tool_timeout_ms` counts from then.
     pub async fn run(
         &self,
         task: &Task,
@@ -258,7 +271,7 @@ impl ToolRunner {
         let logged_arguments = self.audit.arguments(&arguments);
         let result = self
             .pool
-            .call_tool(&tool.server, tool.tool_name(), Some(arguments))
+            .call_tool_since(&tool.server, tool.tool_name(), Some(arguments), started)
             .await;
         let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
         let status = match &result {

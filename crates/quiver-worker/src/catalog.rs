@@ -94,33 +94,16 @@ pub struct Unavailable {
     pub error: McpError,
 }
 
-/// The server's tool list, waiting at most `wait` for it. The listing runs
-/// in a task of its own, so giving up on it does not cancel it.
+/// The server's tool list, waiting at most `wait` for it (see
+/// [`McpPool::list_tools_within`]).
 async fn list_within(
     pool: &McpPool,
     server: &Arc<StoredServer>,
     wait: Option<Duration>,
 ) -> Result<Arc<Vec<Tool>>, McpError> {
-    let Some(wait) = wait else {
-        return pool.list_tools(server).await;
-    };
-    // The steady state: answered from the cache, no task needed.
-    if let Some(cached) = pool.cached_tools(server) {
-        return cached;
-    }
-    let listing = {
-        let (pool, server) = (pool.clone(), server.clone());
-        tokio::spawn(async move { pool.list_tools(&server).await })
-    };
-    match tokio::time::timeout(wait, listing).await {
-        Ok(Ok(listed)) => listed,
-        Ok(Err(join)) => Err(McpError::Unavailable(format!(
-            "listing tools failed: {join}"
-        ))),
-        Err(_) => Err(McpError::Unavailable(format!(
-            "tools not listed within {} ms (the server is still connecting); left out of this request",
-            wait.as_millis()
-        ))),
+    match wait {
+        Some(wait) => pool.list_tools_within(server, wait).await,
+        None => pool.list_tools(server).await,
     }
 }
 
