@@ -457,3 +457,37 @@ async fn stdio_servers_cannot_read_the_workers_environment_unless_passed() {
         );
     }
 }
+
+/// A server that prints its literal secrets to stderr: callers of the
+/// worker's `/v1/mcp/servers` read its stderr tail with the record's secret
+/// values masked (issue #10.12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_tails_do_not_show_the_records_secrets() {
+    const SECRET: &str = "sk-literal-in-record-7d2e";
+    let (registry, admin, _dir) = sqlite_registry().await;
+    let mut record = env_probe_record("leaky");
+    record["stdio"]["env"] = json!({"SECRET_X": SECRET});
+    let revision = admin.upsert(record).await;
+    let worker = WorkerProcess::start_with_env(
+        &registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &[] as &[&str],
+        &[],
+    )
+    .await;
+    synced(&worker, revision).await;
+    assert_eq!(
+        worker
+            .call_text(&injected("leaky", "echo"), json!({"text": "hi"}))
+            .await,
+        "hi"
+    );
+    let entry = worker.server("leaky").await.expect("listed");
+    let tail = entry["stderr_tail"].to_string();
+    assert!(!tail.contains(SECRET), "{SECRET} in {entry}");
+    assert!(
+        tail.contains(&format!("SECRET_X=[{}]", quiver_model::MASK)),
+        "{entry}"
+    );
+}
