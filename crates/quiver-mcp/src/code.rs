@@ -37,8 +37,6 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The request body is over the listener's limit.
     PayloadTooLarge,
-    /// The request body is not of a content type the route accepts.
-    UnsupportedMediaType,
     /// Chat was asked of a worker without an upstream.
     UpstreamNotConfigured,
     /// The chat upstream refused the request (its own status and body are
@@ -102,11 +100,6 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => {
                 ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE, false)
             }
-            ErrorCode::UnsupportedMediaType => (
-                "unsupported_media_type",
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                false,
-            ),
             ErrorCode::UpstreamNotConfigured => (
                 "upstream_not_configured",
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -145,7 +138,7 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 22] = [
+    const ALL: [ErrorCode; 21] = [
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,
@@ -159,7 +152,6 @@ mod tests {
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::PayloadTooLarge,
-        ErrorCode::UnsupportedMediaType,
         ErrorCode::UpstreamNotConfigured,
         ErrorCode::UpstreamRejected,
         ErrorCode::UpstreamFailed,

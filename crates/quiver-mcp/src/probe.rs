@@ -12,6 +12,7 @@ use tokio::time::timeout_at;
 
 use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::egress::EgressPolicy;
+use crate::error::McpError;
 use crate::launch::{EnvLookup, launch};
 use crate::server_log::ServerLog;
 
@@ -67,6 +68,16 @@ pub enum ProbeError {
         /// The last lines the stdio child wrote to stderr.
         stderr_tail: Vec<String>,
     },
+    /// The egress allowlist refuses the record's URL (nothing was
+    /// connected): the answer a worker gives, `mcp_policy_denied`.
+    #[error("{step}: {message}", step = .step.as_str())]
+    PolicyDenied {
+        /// [`ProbeStep::Launch`] for a host refused by itself,
+        /// [`ProbeStep::Initialize`] for one refused once resolved.
+        step: ProbeStep,
+        /// Which host and how to allow it.
+        message: String,
+    },
     /// The probe's deadline passed.
     #[error("{step} did not complete within {} ms", .after.as_millis(), step = .step.as_str())]
     Timeout {
@@ -85,6 +96,19 @@ impl ProbeError {
         match self {
             ProbeError::Unavailable { stderr_tail, .. }
             | ProbeError::Timeout { stderr_tail, .. } => stderr_tail,
+            ProbeError::PolicyDenied { .. } => &[],
+        }
+    }
+
+    /// A failed step: an egress refusal is [`ProbeError::PolicyDenied`].
+    fn failed(step: ProbeStep, err: McpError, stderr_tail: Vec<String>) -> Self {
+        match err {
+            McpError::EgressDenied(message) => ProbeError::PolicyDenied { step, message },
+            other => ProbeError::Unavailable {
+                step,
+                message: other.to_string(),
+                stderr_tail,
+            },
         }
     }
 }
@@ -120,11 +144,7 @@ pub async fn probe_with_egress(
     let until = tokio::time::Instant::now() + deadline;
     let stderr = StderrTail::default();
     let launch = launch(spec, env).and_then(|launch| egress.check_launch(&launch).map(|()| launch));
-    let launch = launch.map_err(|err| ProbeError::Unavailable {
-        step: ProbeStep::Launch,
-        message: err.to_string(),
-        stderr_tail: Vec::new(),
-    })?;
+    let launch = launch.map_err(|err| ProbeError::failed(ProbeStep::Launch, err, Vec::new()))?;
     let settings = ConnectSettings {
         // The outer deadline is the bound; this one only must not fire first,
         // so that running out of time reads as a timeout, not a failure.
@@ -153,11 +173,7 @@ pub async fn probe_with_egress(
             stderr.drained(STDERR_DRAIN).await;
             let tail = stderr.lines();
             return Err(match outcome {
-                Ok(Err(err)) => ProbeError::Unavailable {
-                    step: ProbeStep::Initialize,
-                    message: err.to_string(),
-                    stderr_tail: tail,
-                },
+                Ok(Err(err)) => ProbeError::failed(ProbeStep::Initialize, err, tail),
                 _ => timeout(ProbeStep::Initialize, tail),
             });
         }

@@ -973,3 +973,33 @@ async fn workers_show_their_lag_behind_head() {
         })
     );
 }
+
+/// A URL the registry's egress allowlist refuses is the same answer a worker
+/// gives, 403 `mcp_policy_denied`, whether the host decides by itself (an IP
+/// literal) or only once resolved.
+#[tokio::test]
+async fn preview_refused_by_egress_is_policy_denied() {
+    let r = sqlite_registry(|options| {
+        options.preview_egress =
+            quiver_mcp::egress::EgressPolicy::new(&["allowed.example"], &["10.0.0.0/8"]).unwrap();
+    })
+    .await;
+    for url in ["http://127.0.0.1:1/mcp", "http://localhost:1/mcp"] {
+        let record = http_record("refused", Transport::StreamableHttp, url);
+        let (status, err) = rest(
+            &r,
+            Method::POST,
+            PREVIEW,
+            Some(ADMIN),
+            Some(&json!(record).to_string()),
+        )
+        .await;
+        assert_eq!(
+            (status, &err["error"]["code"]),
+            (403, &json!("mcp_policy_denied")),
+            "{url}: {err}"
+        );
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains("egress"), "{url}: {message}");
+    }
+}

@@ -74,20 +74,6 @@ impl UpstreamError {
         }
     }
 
-    /// A stable code for errors the worker describes itself (the provider's
-    /// own body is forwarded for [`Rejected`](Self::Rejected) and
-    /// [`Failed`](Self::Failed)).
-    pub fn code(&self) -> &'static str {
-        match self {
-            UpstreamError::Rejected { .. } => "upstream_rejected",
-            UpstreamError::Failed { .. } => "upstream_failed",
-            UpstreamError::Unreachable { .. } => "upstream_unavailable",
-            UpstreamError::Timeout { .. } => "upstream_timeout",
-            UpstreamError::InvalidResponse(_) => "upstream_invalid_response",
-            UpstreamError::Stream(_) => "upstream_stream_failed",
-        }
-    }
-
     /// The provider's own answer, when there is one to forward verbatim.
     pub fn provider_body(&self) -> Option<(&Bytes, Option<&HeaderValue>)> {
         match self {

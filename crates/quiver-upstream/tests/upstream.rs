@@ -232,7 +232,6 @@ async fn client_errors_are_rejected_at_once_with_the_providers_answer() {
             "application/json"
         );
         assert_eq!(err.http_status().as_u16(), status);
-        assert_eq!(err.code(), "upstream_rejected");
         let (forwarded, _) = err.provider_body().expect("provider body");
         assert_eq!(forwarded, body);
         assert_eq!(server.request_count(), 1, "{status} is not retried");
@@ -354,7 +353,6 @@ async fn retry_after_above_the_limit_ends_the_retries() {
         "application/json"
     );
     assert_eq!(err.http_status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(err.code(), "upstream_failed");
     assert_eq!(server.request_count(), 1);
     assert!(elapsed < Duration::from_millis(900), "took {elapsed:?}");
 }
@@ -423,7 +421,6 @@ async fn constant_disconnects_are_unreachable() {
         "{err:?}"
     );
     assert_eq!(err.http_status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(err.code(), "upstream_unavailable");
     assert!(err.provider_body().is_none());
     assert_eq!(server.request_count(), 3);
 }
@@ -468,7 +465,6 @@ async fn a_slow_answer_times_out() {
         "{err:?}"
     );
     assert_eq!(err.http_status(), StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(err.code(), "upstream_timeout");
     assert!(elapsed >= Duration::from_millis(200), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
     assert_eq!(server.request_count(), 1);
@@ -876,7 +872,6 @@ async fn a_success_that_is_not_a_chat_completion_is_invalid() {
             "{body:?}: {err:?}"
         );
         assert_eq!(err.http_status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(err.code(), "upstream_invalid_response");
         assert!(err.provider_body().is_none());
         assert_eq!(server.requests().len(), 1, "{body:?} is not retried");
     }
@@ -1015,7 +1010,6 @@ async fn a_stream_that_goes_silent_is_a_stream_error() {
         .expect_err("silence is an error");
     assert!(matches!(err, UpstreamError::Stream(_)), "{err:?}");
     assert_eq!(err.http_status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(err.code(), "upstream_stream_failed");
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "{:?}",

@@ -9,11 +9,12 @@ use quiver_mcp::{CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, Mcp
 use quiver_model::policy::CompiledSessionFilter;
 use quiver_sync::Snapshot;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::audit::AuditOptions;
 use crate::auth::Task;
 use crate::catalog::{Catalog, CatalogCache, CatalogTool};
+use crate::error::ErrorObject;
 use crate::schema::SchemaCache;
 
 /// A request to run one tool.
@@ -65,9 +66,9 @@ impl CallError {
         matches!(self, CallError::Mcp(err) if err.retryable())
     }
 
-    /// The §10 error object.
+    /// The error body, `{"error": {…}}`.
     pub fn to_json(&self) -> Value {
-        json!({"error": {"code": self.code(), "message": self.to_string(), "retryable": self.retryable()}})
+        ErrorObject::from(self).to_body()
     }
 }
 
@@ -101,17 +102,18 @@ impl CallDone {
                     _ => None,
                 })
                 .collect();
-            return Some(
-                json!({"code": ErrorCode::McpToolError, "message": text.join("\n"), "retryable": false}),
-            );
+            return Some(ErrorObject::new(ErrorCode::McpToolError, text.join("\n")).to_value());
         }
         let output = self.outcome.output;
         output.truncated().then(|| {
-            json!({
-                "code": ErrorCode::McpOutputTooLarge,
-                "message": format!("output truncated to {} of {} bytes", output.kept, output.original),
-                "retryable": false,
-            })
+            ErrorObject::new(
+                ErrorCode::McpOutputTooLarge,
+                format!(
+                    "output truncated to {} of {} bytes",
+                    output.kept, output.original
+                ),
+            )
+            .to_value()
         })
     }
 }
@@ -198,8 +200,6 @@ impl ToolRunner {
         .await
     }
 
-    /// Resolves `request.name` against what `task` may use and runs it.
-    pub async fn call(
     /// How long a catalog restricted to `only` waits for a server's tools.
     fn catalog_wait_for(&self, snapshot: &Snapshot, only: Option<&BTreeSet<String>>) -> Duration {
         only.and_then(|ids| {
@@ -211,6 +211,8 @@ impl ToolRunner {
         .unwrap_or(self.catalog_wait)
     }
 
+    /// Resolves `request.name` against what `task` may use and runs it.
+    pub async fn call(
         &self,
         snapshot: &Snapshot,
         task: &Task,

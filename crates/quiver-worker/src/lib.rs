@@ -2,13 +2,14 @@
 //! budgeted MCP connections (`quiver-mcp`), decides per caller which tools
 //! may be used (`quiver_model::policy`) and serves the direct tool API.
 
-pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod call;
 pub mod catalog;
 pub mod chat;
+pub mod error;
 pub mod health;
+pub mod http;
 pub mod schema;
 mod service;
 

@@ -13,7 +13,7 @@ use quiver_upstream::{Upstream, UpstreamConfigError, UpstreamOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiState, router};
+use crate::http::{ApiState, router};
 use crate::audit::AuditOptions;
 use crate::auth::{Callers, CallersConfig, CallersError};
 use crate::call::ToolRunner;

@@ -1,10 +1,13 @@
-//! `POST /v1/chat/completions` (SPEC §9): forwards to the configured
-//! OpenAI-compatible upstream; with the `mcp` extension enabled, injects the
-//! caller's MCP tools and runs the model's calls in the tool loop.
+//! Chat completions with MCP tools (docs/reference.md §9): forwards to the
+//! configured OpenAI-compatible upstream; with the `mcp` extension enabled,
+//! injects the caller's MCP tools and runs the model's calls in the tool loop.
 //!
 //! Without `mcp.enabled` the request is passed through: the body is sent as
 //! the caller wrote it (re-encoded only when `mcp` had to be removed or the
 //! task routes the model elsewhere) and the answer comes back unchanged.
+//!
+//! Domain code: it answers with a [`ChatAnswer`] or a [`ChatError`]; the HTTP
+//! edge (`crate::http`) turns them into responses.
 
 mod body;
 mod request;
@@ -13,148 +16,190 @@ mod tool_loop;
 mod tool_message;
 mod turn;
 
-use std::time::Instant;
-
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use quiver_mcp::ErrorCode;
+use quiver_sync::SnapshotHandle;
 use quiver_upstream::{Upstream, UpstreamError};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::api::{ApiState, Caller, REQUEST_ID, error_response, request_id, session_id};
 use crate::auth::Task;
-use crate::call::CallContext;
+use crate::call::{CallContext, ToolRunner};
 use crate::catalog::Catalog;
+use crate::error::ErrorObject;
 
 pub use request::{ChatRequest, McpRequest, RequestError};
+pub use stream::Outgoing;
 pub use tool_loop::{CallRecord, LoopReport, StopReason};
 pub use tool_message::BUDGET_EXCEEDED;
 
-use stream::{Outgoing, StreamingTurns};
+use stream::StreamingTurns;
 use tool_loop::{ToolLoop, TurnSource};
 use turn::Turn;
 
-/// The handler.
-pub async fn chat_completions(
-    Caller(task): Caller,
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let started = Instant::now();
-    let context = CallContext {
-        request_id: request_id(&headers),
-        session_id: session_id(&headers),
-    };
-    let mut response = serve(&state, &task, &context, body).await;
-    let status = response.status();
-    metrics::counter!("chat_request_total", "status" => status.as_u16().to_string()).increment(1);
-    tracing::info!(
-        target: "quiver::audit",
-        request_id = %context.request_id,
-        session_id = context.session_id.as_deref().unwrap_or(""),
-        task = %task.name,
-        status = status.as_u16(),
-        duration_ms = started.elapsed().as_millis() as u64,
-        "chat request"
-    );
-    if let Ok(id) = HeaderValue::from_str(&context.request_id) {
-        response.headers_mut().insert(REQUEST_ID, id);
-    }
-    response
+/// What a chat request needs: the registry snapshot, the tool runner and
+/// the upstream.
+#[derive(Clone)]
+pub struct Chat {
+    /// The registry snapshot.
+    pub snapshot: SnapshotHandle,
+    /// Runs the model's MCP calls.
+    pub runner: ToolRunner,
+    /// The OpenAI-compatible upstream, when configured.
+    pub upstream: Option<Upstream>,
 }
 
-async fn serve(state: &ApiState, task: &Task, context: &CallContext, raw: Bytes) -> Response {
-    let Some(upstream) = state.upstream.clone() else {
-        return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "upstream_not_configured",
-            "this worker has no chat upstream (--upstream-url)",
-            false,
-        );
-    };
-    let request = match ChatRequest::parse(&raw, task) {
-        Ok(request) => request,
-        Err(err) => return request_error(&err),
-    };
-    let Some(mcp) = request.mcp.clone() else {
-        let body = if request.rewritten {
-            Bytes::from(serde_json::to_vec(&request.body).unwrap_or_default())
-        } else {
-            raw
-        };
-        return if request.stream {
-            let (tx, rx) = mpsc::channel(64);
-            tokio::spawn(stream::pass_through(upstream, body, tx));
-            sse_response(rx).await
-        } else {
-            match upstream.complete(body).await {
-                Ok(completion) => axum::Json(completion).into_response(),
-                Err(err) => upstream_error(&err),
-            }
-        };
-    };
+/// A chat request's answer.
+pub enum ChatAnswer {
+    /// A whole completion.
+    Completion(Value),
+    /// A stream of events whose first one is not a failure.
+    Stream(ChatStream),
+}
 
-    let snapshot = state.snapshot.current();
-    let catalog = state
-        .runner
-        .catalog(&snapshot, task, Some(&mcp.session), None)
-        .await;
-    if let Err(err) = request.check_forced_function(|name| catalog.resolve(name).is_some()) {
-        return request_error(&err);
+/// The events of a streamed answer, in order; it ends with
+/// [`Outgoing::Done`] or an [`Outgoing::Failed`] (mid-stream failure).
+pub struct ChatStream {
+    first: Outgoing,
+    rest: mpsc::Receiver<Outgoing>,
+}
+
+impl ChatStream {
+    /// Waits for the first event: a failure before anything was streamed is
+    /// the request's error, not a stream.
+    async fn start(mut rx: mpsc::Receiver<Outgoing>) -> Result<ChatAnswer, ChatError> {
+        match rx.recv().await {
+            Some(Outgoing::Failed(err)) => Err(ChatError::Upstream(err)),
+            Some(first) => Ok(ChatAnswer::Stream(ChatStream { first, rest: rx })),
+            None => Err(ChatError::NoAnswer),
+        }
     }
-    if let Some(clash) = catalog
-        .tools()
-        .find(|tool| request.caller_tools.contains(&tool.injected_name))
-    {
-        return request_error(&RequestError {
-            code: quiver_mcp::ErrorCode::InvalidRequest,
-            field: "tools".into(),
-            message: format!(
-                "tools: {:?} is the name of an injected MCP tool; rename the caller's tool",
-                clash.injected_name
-            ),
-        });
+
+    /// Every event, the first included.
+    pub fn events(self) -> impl Stream<Item = Outgoing> + Send {
+        futures::stream::once(async move { self.first }).chain(ReceiverStream::new(self.rest))
     }
-    let mut body = request.body.clone();
-    tracing::debug!(
-        request_id = %context.request_id,
-        injected = catalog.len(),
-        "mcp tools injected"
-    );
-    let tool_loop = OwnedLoop {
-        state: state.clone(),
-        task: task.clone(),
-        context: context.clone(),
-        catalog,
-        request,
-        mcp,
-    };
-    if tool_loop.request.stream {
-        // Usage is summed over the turns, so every turn must report it.
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
-            let closed = tx.clone();
-            tokio::select! {
-                () = closed.closed() => {}
-                () = tool_loop.stream(upstream, body, tx) => {}
+}
+
+/// Why a chat request has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The worker has no upstream.
+    #[error("this worker has no chat upstream (--upstream-url)")]
+    NotConfigured,
+    /// The request was refused before anything was sent upstream.
+    #[error("{}", .0.message)]
+    Request(RequestError),
+    /// The upstream failed before anything was streamed.
+    #[error(transparent)]
+    Upstream(UpstreamError),
+    /// The streaming task ended without a single event (a bug).
+    #[error("the chat request ended without an answer")]
+    NoAnswer,
+}
+
+impl From<&ChatError> for ErrorObject {
+    fn from(err: &ChatError) -> Self {
+        match err {
+            ChatError::NotConfigured => {
+                ErrorObject::new(ErrorCode::UpstreamNotConfigured, err.to_string())
             }
-        });
-        sse_response(rx).await
-    } else {
-        tool_loop.complete(upstream, body).await
+            ChatError::Request(err) => err.into(),
+            ChatError::Upstream(err) => err.into(),
+            ChatError::NoAnswer => ErrorObject::new(ErrorCode::Internal, err.to_string()),
+        }
+    }
+}
+
+impl Chat {
+    /// Answers the chat request `raw` of a caller of `task`.
+    pub async fn serve(
+        &self,
+        task: &Task,
+        context: &CallContext,
+        raw: Bytes,
+    ) -> Result<ChatAnswer, ChatError> {
+        let Some(upstream) = self.upstream.clone() else {
+            return Err(ChatError::NotConfigured);
+        };
+        let request = ChatRequest::parse(&raw, task).map_err(ChatError::Request)?;
+        let Some(mcp) = request.mcp.clone() else {
+            let body = if request.rewritten {
+                Bytes::from(serde_json::to_vec(&request.body).unwrap_or_default())
+            } else {
+                raw
+            };
+            return if request.stream {
+                let (tx, rx) = mpsc::channel(64);
+                tokio::spawn(stream::pass_through(upstream, body, tx));
+                ChatStream::start(rx).await
+            } else {
+                match upstream.complete(body).await {
+                    Ok(completion) => Ok(ChatAnswer::Completion(completion)),
+                    Err(err) => Err(ChatError::Upstream(err)),
+                }
+            };
+        };
+
+        let snapshot = self.snapshot.current();
+        let catalog = self
+            .runner
+            .catalog(&snapshot, task, Some(&mcp.session), None)
+            .await;
+        request
+            .check_forced_function(|name| catalog.resolve(name).is_some())
+            .map_err(ChatError::Request)?;
+        if let Some(clash) = catalog
+            .tools()
+            .find(|tool| request.caller_tools.contains(&tool.injected_name))
+        {
+            return Err(ChatError::Request(RequestError {
+                code: ErrorCode::InvalidRequest,
+                field: "tools".into(),
+                message: format!(
+                    "tools: {:?} is the name of an injected MCP tool; rename the caller's tool",
+                    clash.injected_name
+                ),
+            }));
+        }
+        let mut body = request.body.clone();
+        tracing::debug!(
+            request_id = %context.request_id,
+            injected = catalog.len(),
+            "mcp tools injected"
+        );
+        let tool_loop = OwnedLoop {
+            runner: self.runner.clone(),
+            task: task.clone(),
+            context: context.clone(),
+            catalog,
+            request,
+            mcp,
+        };
+        if tool_loop.request.stream {
+            // Usage is summed over the turns, so every turn must report it.
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+            let (tx, rx) = mpsc::channel(64);
+            tokio::spawn(async move {
+                let closed = tx.clone();
+                tokio::select! {
+                    () = closed.closed() => {}
+                    () = tool_loop.stream(upstream, body, tx) => {}
+                }
+            });
+            ChatStream::start(rx).await
+        } else {
+            tool_loop.complete(upstream, body).await
+        }
     }
 }
 
 /// The state of one MCP-enabled request, owned so a streaming request can
 /// run in its own task.
 struct OwnedLoop {
-    state: ApiState,
+    runner: ToolRunner,
     task: Task,
     context: CallContext,
     catalog: Catalog,
@@ -165,7 +210,7 @@ struct OwnedLoop {
 impl OwnedLoop {
     fn tool_loop(&self) -> ToolLoop<'_> {
         ToolLoop {
-            runner: &self.state.runner,
+            runner: &self.runner,
             task: &self.task,
             context: &self.context,
             catalog: &self.catalog,
@@ -174,14 +219,18 @@ impl OwnedLoop {
         }
     }
 
-    async fn complete(&self, upstream: Upstream, mut body: Map<String, Value>) -> Response {
+    async fn complete(
+        &self,
+        upstream: Upstream,
+        mut body: Map<String, Value>,
+    ) -> Result<ChatAnswer, ChatError> {
         let mut source = Completions(upstream);
         match self.tool_loop().run(&mut body, &mut source).await {
             Ok((turn, report)) => {
                 log_loop(&self.context, &report);
-                axum::Json(final_completion(turn, &report)).into_response()
+                Ok(ChatAnswer::Completion(final_completion(turn, &report)))
             }
-            Err(err) => upstream_error(&err),
+            Err(err) => Err(ChatError::Upstream(err)),
         }
     }
 
@@ -243,76 +292,4 @@ fn final_completion(turn: Turn, report: &LoopReport) -> Value {
         serde_json::to_value(report).unwrap_or(Value::Null),
     );
     Value::Object(completion)
-}
-
-/// Waits for the first event: a failure before anything was streamed is an
-/// ordinary HTTP error; otherwise the answer is an SSE stream.
-async fn sse_response(mut rx: mpsc::Receiver<Outgoing>) -> Response {
-    let first = match rx.recv().await {
-        Some(Outgoing::Failed(err)) => return upstream_error(&err),
-        Some(first) => first,
-        None => {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the chat request ended without an answer",
-                true,
-            );
-        }
-    };
-    let events = futures::stream::once(async move { first })
-        .chain(ReceiverStream::new(rx))
-        .map(|event| {
-            let data = match event {
-                Outgoing::Chunk(chunk) => chunk.to_string(),
-                Outgoing::Done => "[DONE]".to_owned(),
-                Outgoing::Failed(err) => error_body(&err).to_string(),
-            };
-            Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {data}\n\n")))
-        });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-fn request_error(err: &RequestError) -> Response {
-    (
-        err.code.http_status(),
-        axum::Json(json!({"error": {
-            "code": err.code,
-            "message": err.message,
-            "field": err.field,
-            "type": "invalid_request_error",
-            "retryable": false,
-        }})),
-    )
-        .into_response()
-}
-
-/// The worker's description of an upstream failure.
-fn error_body(err: &UpstreamError) -> Value {
-    if let Some((body, _)) = err.provider_body()
-        && let Ok(provider @ Value::Object(_)) = serde_json::from_slice::<Value>(body)
-    {
-        return provider;
-    }
-    json!({"error": {"code": err.code(), "message": err.to_string(), "type": "upstream_error"}})
-}
-
-/// The caller's answer for an upstream failure: the provider's own status
-/// and body when it gave one (R-CHAT-6), else a 502/504 of the worker's.
-fn upstream_error(err: &UpstreamError) -> Response {
-    if let Some((body, content_type)) = err.provider_body() {
-        let mut response = Response::new(Body::from(body.clone()));
-        *response.status_mut() = err.http_status();
-        if let Some(content_type) = content_type {
-            response
-                .headers_mut()
-                .insert(header::CONTENT_TYPE, content_type.clone());
-        }
-        return response;
-    }
-    (err.http_status(), axum::Json(error_body(err))).into_response()
 }

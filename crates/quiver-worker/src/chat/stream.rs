@@ -12,17 +12,37 @@ use tokio::sync::mpsc;
 
 use crate::chat::tool_loop::{LoopReport, TurnSource};
 use crate::chat::turn::{ChunkAccumulator, Turn};
+use crate::error::ErrorObject;
 
-/// What the streaming task hands to the HTTP response.
+/// What the streaming task hands on, one event at a time.
 #[derive(Debug)]
 pub enum Outgoing {
     /// One chunk for the caller.
     Chunk(Value),
     /// The end: `data: [DONE]`.
     Done,
-    /// The request failed; before the first chunk this becomes the HTTP
-    /// answer, later an `error` event.
+    /// The request failed; before the first chunk this is the request's
+    /// error ([`crate::chat::ChatError::Upstream`]), later an event.
     Failed(UpstreamError),
+}
+
+impl Outgoing {
+    /// The event's `data:` payload. A failure is the provider's own error
+    /// object when it sent one, else the worker's.
+    pub fn data(&self) -> String {
+        match self {
+            Outgoing::Chunk(chunk) => chunk.to_string(),
+            Outgoing::Done => "[DONE]".to_owned(),
+            Outgoing::Failed(err) => {
+                if let Some((body, _)) = err.provider_body()
+                    && let Ok(provider @ Value::Object(_)) = serde_json::from_slice::<Value>(body)
+                {
+                    return provider.to_string();
+                }
+                ErrorObject::from(err).to_body().to_string()
+            }
+        }
+    }
 }
 
 /// Streams turns from the upstream and forwards what the caller may see.

@@ -1,0 +1,79 @@
+//! The one error response of the edge: an [`ErrorObject`] with the HTTP
+//! status of its code, refusals of the framework's extractors included.
+
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use quiver_mcp::ErrorCode;
+
+use crate::error::ErrorObject;
+use crate::http::MAX_REQUEST_BODY_BYTES;
+
+/// An error answer: the body of [`ErrorObject::to_body`] with a status.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// The HTTP status: the code's own, or the one the framework chose for
+    /// a refusal of its extractors.
+    pub status: StatusCode,
+    /// The body.
+    pub object: ErrorObject,
+}
+
+impl From<ErrorObject> for ApiError {
+    fn from(object: ErrorObject) -> Self {
+        ApiError {
+            status: object.code.http_status(),
+            object,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let unauthenticated = self.object.code == ErrorCode::Unauthenticated;
+        let mut response = (self.status, axum::Json(self.object.to_body())).into_response();
+        if unauthenticated {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A refusal of one of axum's extractors, as the error object: the status
+/// axum chose, a code that fits it, and axum's explanation.
+fn refusal(status: StatusCode, text: String) -> ApiError {
+    let (code, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            ErrorCode::PayloadTooLarge,
+            format!("request body is over the limit of {MAX_REQUEST_BODY_BYTES} bytes"),
+        ),
+        _ => (ErrorCode::InvalidRequest, lowercase(text)),
+    };
+    ApiError {
+        status,
+        object: ErrorObject::new(code, message),
+    }
+}
+
+/// axum capitalizes its messages; the worker's are lowercase.
+fn lowercase(text: String) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => text,
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> Self {
+        refusal(rejection.status(), rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        refusal(rejection.status(), rejection.body_text())
+    }
+}

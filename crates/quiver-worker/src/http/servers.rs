@@ -1,0 +1,40 @@
+//! `GET /v1/mcp/servers`: per-server health and why selected servers are
+//! unavailable (diagnostics), for the servers the caller's task may use.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::http::ApiState;
+use crate::http::extract::Caller;
+
+/// The handler.
+pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Response {
+    let snapshot = state.snapshot.current();
+    let health = state.runner.pool().health();
+    let servers: Vec<Value> = snapshot
+        .servers
+        .values()
+        .filter(|server| task.policy.allows_server(&server.spec.server_id))
+        .map(|server| {
+            let id = &server.spec.server_id;
+            let health = health.iter().find(|h| &h.server_id == id);
+            json!({
+                "server_id": id,
+                "enabled": server.spec.enabled,
+                "revision": server.revision,
+                "state": health.map_or("idle", |h| crate::health::state_name(h.state)),
+                // A server's stderr (and errors quoting its URL) may show
+                // the record's secrets: callers read them redacted.
+                "last_error": health.and_then(|h| h.last_error.as_deref()).map(|e| server.spec.redact(e)),
+                "reconnects": health.map_or(0, |h| h.reconnects),
+                "tool_count": health.and_then(|h| h.tool_count),
+                "pid": health.and_then(|h| h.pid),
+                "stderr_tail": health.map_or_else(Vec::new, |h| {
+                    h.stderr_tail.iter().map(|line| server.spec.redact(line)).collect()
+                }),
+            })
+        })
+        .collect();
+    axum::Json(json!({"revision": snapshot.revision, "servers": servers})).into_response()
+}

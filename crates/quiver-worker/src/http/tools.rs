@@ -1,0 +1,110 @@
+//! The direct tool API (docs/reference.md §15): `GET /v1/mcp/tools[?server_ids=a,b]`
+//! lists what the caller may use; `POST /v1/mcp/tools/call`
+//! `{name, arguments}` runs one tool under the same policy and budgets as
+//! chat.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use quiver_mcp::{ErrorCode, McpError};
+use quiver_model::policy::{SessionFilter, check_session_within_task};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::call::{CallContext, CallError, ToolCall};
+use crate::error::ErrorObject;
+use crate::http::extract::{Body, Caller, Query, RequestId, SessionId};
+use crate::http::{ApiError, ApiState};
+
+/// The query of a listing.
+#[derive(Deserialize)]
+pub struct ToolsQuery {
+    server_ids: Option<String>,
+}
+
+/// `GET /v1/mcp/tools`.
+pub async fn list(
+    Caller(task): Caller,
+    State(state): State<ApiState>,
+    Query(query): Query<ToolsQuery>,
+) -> Result<Response, ApiError> {
+    let session = SessionFilter {
+        server_ids: query.server_ids.map(|ids| {
+            ids.split(',')
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned)
+                .collect()
+        }),
+        ..Default::default()
+    }
+    .compile()
+    .map_err(|err| ErrorObject::new(ErrorCode::InvalidRequest, err.to_string()))?;
+    check_session_within_task(&task.policy, &session)
+        .map_err(|err| ErrorObject::new(ErrorCode::McpPolicyDenied, err.to_string()))?;
+    let snapshot = state.snapshot.current();
+    let catalog = state
+        .runner
+        .catalog(&snapshot, &task, Some(&session), None)
+        .await;
+    let tools: Vec<Value> = catalog
+        .tools()
+        .map(|tool| {
+            json!({
+                "name": tool.injected_name,
+                "server_id": tool.server_id(),
+                "tool_name": tool.tool_name(),
+                "description": tool.tool.description,
+                "input_schema": tool.tool.input_schema,
+            })
+        })
+        .collect();
+    Ok(axum::Json(Value::Array(tools)).into_response())
+}
+
+/// `POST /v1/mcp/tools/call`.
+pub async fn call(
+    Caller(task): Caller,
+    State(state): State<ApiState>,
+    RequestId(request_id): RequestId,
+    SessionId(session_id): SessionId,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let request: ToolCall = serde_json::from_slice(&body).map_err(|err| {
+        ErrorObject::new(
+            ErrorCode::InvalidRequest,
+            format!("body must be {{\"name\": string, \"arguments\": object}}: {err}"),
+        )
+    })?;
+    let started = Instant::now();
+    let context = CallContext {
+        request_id,
+        session_id,
+    };
+    let done = state
+        .runner
+        .call(&state.snapshot.current(), &task, &context, &request)
+        .await
+        .map_err(|err| {
+            // Argument errors may quote the caller's values (secrets among
+            // them): their code is logged, their text only goes to the caller.
+            let detail = match &err {
+                CallError::InvalidArguments(_)
+                | CallError::Mcp(McpError::InvalidArguments(_) | McpError::Protocol(_)) => None,
+                other => Some(other.to_string()),
+            };
+            tracing::debug!(name = %request.name, elapsed_ms = started.elapsed().as_millis() as u64, code = err.code().as_str(), error = detail.as_deref(), "tool call failed");
+            ErrorObject::from(&err)
+        })?;
+    let mut body = json!({"content": done.outcome.result.content, "is_error": done.is_error()});
+    if let Some(structured) = &done.outcome.result.structured_content {
+        body["structured_content"] = structured.clone();
+    }
+    if let Some(error) = done.error_object() {
+        body["error"] = error;
+    }
+    if done.outcome.output.truncated() {
+        body["truncated"] = json!(true);
+    }
+    Ok(axum::Json(body).into_response())
+}

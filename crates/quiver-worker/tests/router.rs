@@ -1,0 +1,335 @@
+//! The worker's HTTP edge in process: the router built from real parts (an
+//! in-process registry followed by a real sync service, a `ToolRunner` over a
+//! real `McpPool` running the `quiver-testkit-mcp` binary over stdio; build
+//! it first: `cargo build -p quiver-testkit`) and called with
+//! `tower::ServiceExt::oneshot`, no listener. The tool API contract, and that
+//! every refusal — the framework's too — is the JSON error object.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use quiver_mcp::{McpPool, PoolOptions};
+use quiver_model::policy::TaskPolicy;
+use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
+use quiver_store::{Store, UpsertRequest};
+use quiver_sync::{SyncOptions, SyncService};
+use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
+use quiver_worker::audit::AuditOptions;
+use quiver_worker::auth::{CallerToken, Callers, CallersConfig};
+use quiver_worker::call::ToolRunner;
+use quiver_worker::http::{ApiState, MAX_REQUEST_BODY_BYTES, router};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+const TOKEN: &str = "caller-secret";
+/// A caller whose task may only use server `other`.
+const NARROW_TOKEN: &str = "narrow-secret";
+
+/// The `quiver-testkit-mcp` binary (test binaries live in
+/// `target/<profile>/deps/`, binaries in `target/<profile>/`).
+fn testkit_mcp_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("quiver-testkit-mcp");
+    assert!(
+        path.is_file(),
+        "{} is missing; build it: cargo build -p quiver-testkit",
+        path.display()
+    );
+    path
+}
+
+/// A worker's router over a registry holding one stdio record, `kit`.
+struct Edge {
+    router: Router,
+    pool: McpPool,
+    shutdown: CancellationToken,
+    _registry: InProcessRegistry,
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Edge {
+    async fn start() -> Edge {
+        let registry = InProcessRegistry::sqlite(|_| {}).await;
+        let mut spec = McpServerSpec::new("kit", Transport::Stdio);
+        spec.stdio = Some(StdioConfig {
+            command: testkit_mcp_bin().display().to_string(),
+            ..Default::default()
+        });
+        spec.allowed_tools = vec!["*".into()];
+        registry
+            .store
+            .upsert(UpsertRequest {
+                spec,
+                expected_revision: None,
+                actor: "test".into(),
+                source: Source::Api,
+            })
+            .await
+            .expect("record stored");
+
+        let shutdown = CancellationToken::new();
+        let sync = SyncService::new(SyncOptions {
+            registry_url: registry.grpc.clone(),
+            token: Some(WORKER_TOKEN.into()),
+            worker_id: "router-test".into(),
+            ..Default::default()
+        })
+        .expect("sync options");
+        let snapshot = sync.handle();
+        tokio::spawn(sync.run(shutdown.clone()));
+        tokio::time::timeout(Duration::from_secs(10), snapshot.wait_ready())
+            .await
+            .expect("first snapshot within 10 s");
+
+        let callers = CallersConfig {
+            callers: vec![
+                CallerToken {
+                    token: TOKEN.into(),
+                    task: "default".into(),
+                },
+                CallerToken {
+                    token: NARROW_TOKEN.into(),
+                    task: "narrow".into(),
+                },
+            ],
+            tasks: BTreeMap::from([(
+                "narrow".to_owned(),
+                TaskPolicy {
+                    allowed_server_ids: Some(vec!["other".into()]),
+                    ..Default::default()
+                },
+            )]),
+            insecure_no_auth: false,
+        };
+        let callers = Callers::new(&callers, "127.0.0.1:0".parse().unwrap()).expect("callers");
+        let pool = McpPool::new(PoolOptions::default());
+        let state = ApiState {
+            snapshot,
+            runner: ToolRunner::new(
+                pool.clone(),
+                AuditOptions::default(),
+                quiver_worker::DEFAULT_CATALOG_WAIT,
+            ),
+            callers: Arc::new(callers),
+            upstream: None,
+            metrics: None,
+        };
+        Edge {
+            router: router(state),
+            pool,
+            shutdown,
+            _registry: registry,
+        }
+    }
+
+    /// Sends `request`; returns status, headers and the body as JSON (or as
+    /// a JSON string when it is not JSON).
+    async fn send(&self, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, Value) {
+        let response = tokio::time::timeout(
+            Duration::from_secs(20),
+            self.router.clone().oneshot(request),
+        )
+        .await
+        .expect("answer within 20 s")
+        .expect("infallible");
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, 16 << 20).await.expect("body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (parts.status, parts.headers, body)
+    }
+
+    async fn call(&self, token: &str, body: Value) -> (StatusCode, Value) {
+        let request = Request::post("/v1/mcp/tools/call")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let (status, _, body) = self.send(request).await;
+        (status, body)
+    }
+
+    async fn get(
+        &self,
+        path: &str,
+        authorization: Option<&str>,
+    ) -> (StatusCode, axum::http::HeaderMap, Value) {
+        let mut request = Request::get(path);
+        if let Some(authorization) = authorization {
+            request = request.header(header::AUTHORIZATION, authorization);
+        }
+        self.send(request.body(Body::empty()).unwrap()).await
+    }
+}
+
+/// The JSON error object with `code`, a message and `retryable`.
+#[track_caller]
+fn assert_error(body: &Value, code: &str, retryable: bool) {
+    let error = &body["error"];
+    assert_eq!(error["code"], code, "{body}");
+    assert_eq!(error["retryable"], retryable, "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_api_contract() {
+    let edge = Edge::start().await;
+
+    // No token, a wrong token: 401 with the scheme to use.
+    for authorization in [None, Some("Bearer wrong"), Some("Basic Y2FsbGVy")] {
+        let (status, headers, body) = edge.get("/v1/mcp/tools", authorization).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{authorization:?}");
+        assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+        assert_error(&body, "unauthenticated", false);
+    }
+
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let (status, _, body) = edge
+            .get("/v1/mcp/tools", Some(&format!("{scheme} {TOKEN}")))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{scheme}: {body}");
+    }
+
+    let (status, _, tools) = edge
+        .get("/v1/mcp/tools", Some(&format!("Bearer {TOKEN}")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{tools}");
+    let echo = tools
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|tool| tool["tool_name"] == "echo")
+        .unwrap_or_else(|| panic!("echo listed: {tools}"));
+    assert_eq!(echo["server_id"], "kit");
+    assert_eq!(echo["input_schema"]["type"], "object");
+
+    // By injected name and by `mcp.<server>.<tool>`.
+    for name in [echo["name"].clone(), json!("mcp.kit.echo")] {
+        let (status, body) = edge
+            .call(TOKEN, json!({"name": name, "arguments": {"text": "hi"}}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["content"][0]["text"], "hi", "{body}");
+        assert_eq!(body["is_error"], false, "{body}");
+    }
+
+    // A server outside the caller's task, a tool no server has.
+    let (status, body) = edge
+        .call(
+            NARROW_TOKEN,
+            json!({"name": "mcp.kit.echo", "arguments": {"text": "hi"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_error(&body, "mcp_policy_denied", false);
+    let (status, body) = edge
+        .call(
+            TOKEN,
+            json!({"name": "mcp.kit.no_such_tool", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_error(&body, "mcp_policy_denied", false);
+
+    // Arguments the schema refuses, arguments that are not an object.
+    for arguments in [json!({"a": "one", "b": 2}), json!([1, 2])] {
+        let (status, body) = edge
+            .call(
+                TOKEN,
+                json!({"name": "mcp.kit.add", "arguments": arguments}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_error(&body, "mcp_invalid_arguments", false);
+    }
+
+    // A body that is not a tool call.
+    let (status, body) = edge.call(TOKEN, json!({"tool": "echo"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_error(&body, "invalid_request", false);
+
+    edge.pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framework_refusals_are_the_json_error_object() {
+    let edge = Edge::start().await;
+    let bearer = format!("Bearer {TOKEN}");
+
+    // A body over the limit: 413, naming the limit.
+    let oversized = vec![b' '; MAX_REQUEST_BODY_BYTES + 1];
+    let request = Request::post("/v1/mcp/tools/call")
+        .header(header::AUTHORIZATION, &bearer)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(oversized))
+        .unwrap();
+    let (status, headers, body) = edge.send(request).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_error(&body, "payload_too_large", false);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&MAX_REQUEST_BODY_BYTES.to_string()),
+        "{body}"
+    );
+
+    // A repeated query parameter.
+    let (status, headers, body) = edge
+        .get(
+            "/v1/mcp/tools?server_ids=kit&server_ids=other",
+            Some(&bearer),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_error(&body, "invalid_request", false);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("server_ids"),
+        "{body}"
+    );
+
+    // An unknown route, a known route with the wrong method.
+    let (status, headers, body) = edge.get("/v1/mcp/nothing", Some(&bearer)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_error(&body, "not_found", false);
+    let (status, headers, body) = edge.get("/v1/mcp/tools/call", Some(&bearer)).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/json");
+    assert_eq!(headers[header::ALLOW], "POST");
+    assert_error(&body, "method_not_allowed", false);
+
+    // Chat without an upstream.
+    let request = Request::post("/v1/chat/completions")
+        .header(header::AUTHORIZATION, &bearer)
+        .body(Body::from(r#"{"messages": []}"#))
+        .unwrap();
+    let (status, headers, body) = edge.send(request).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(headers.contains_key("x-request-id"));
+    assert_error(&body, "upstream_not_configured", false);
+}
