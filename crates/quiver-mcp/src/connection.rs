@@ -323,19 +323,22 @@ impl Connection {
     /// ended without waiting for the server to exit by itself.
     pub async fn recycle(&self, kind: &'static str, reason: String) {
         let server_id = self.log.server_id();
-        metrics::counter!(
-            "mcp_connection_recycled_total",
-            "server_id" => server_id.to_owned(),
-            "reason" => kind
-        )
-        .increment(1);
-        if let Some(suppressed) = self.log.events().admit("recycled") {
-            tracing::warn!(server_id, pid = self.pid, suppressed, reason = %reason, "recycling mcp connection");
-        }
-        let _ = self.recycled.set(reason);
-        if let Some(pid) = self.pid {
-            let started = process_tree::descendants(pid);
-            process_tree::end(pid, &self.instance, started).await;
+        // Several abandoned calls may give up on the same connection: the
+        // first ends it, the others wait for it to be closed.
+        if self.recycled.set(reason.clone()).is_ok() {
+            metrics::counter!(
+                "mcp_connection_recycled_total",
+                "server_id" => server_id.to_owned(),
+                "reason" => kind
+            )
+            .increment(1);
+            if let Some(suppressed) = self.log.events().admit("recycled") {
+                tracing::warn!(server_id, pid = self.pid, suppressed, reason = %reason, "recycling mcp connection");
+            }
+            if let Some(pid) = self.pid {
+                let started = process_tree::descendants(pid);
+                process_tree::end(pid, &self.instance, started).await;
+            }
         }
         self.close().await;
     }
