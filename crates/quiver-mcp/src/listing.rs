@@ -6,6 +6,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use rmcp::RoleClient;
+use rmcp::model::{PaginatedRequestParams, Tool};
+use rmcp::service::{Peer, ServiceError};
 use serde::Serialize;
 
 use crate::error::McpError;
@@ -21,6 +24,34 @@ pub struct ListLimits {
     pub max_bytes: usize,
     /// The whole listing, every page, within this (`list_timeout`).
     pub timeout: Duration,
+}
+
+impl ListLimits {
+    /// The defaults of the pool's options (and of the registry's preview).
+    pub const DEFAULT: ListLimits = ListLimits {
+        max_pages: 100,
+        max_items: 10_000,
+        max_bytes: 32 << 20,
+        timeout: Duration::from_secs(30),
+    };
+
+    /// Every page of `tools/list` from `peer`, within these limits.
+    pub async fn list_tools(
+        &self,
+        peer: &Peer<RoleClient>,
+        map_error: impl Fn(ServiceError) -> McpError,
+    ) -> Result<Vec<Tool>, McpError> {
+        list_paged("tools/list", self, |cursor| {
+            let request =
+                peer.list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)));
+            let map_error = &map_error;
+            async move {
+                let page = request.await.map_err(map_error)?;
+                Ok((page.tools, page.next_cursor))
+            }
+        })
+        .await
+    }
 }
 
 /// One page of a listing: its items and the cursor of the next page.

@@ -16,9 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver_model::{McpServerSpec, StoredServer};
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, JsonObject, PaginatedRequestParams, ServerResult, Tool,
-};
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, ServerResult, Tool};
 use rmcp::service::ServiceError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -26,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::error::McpError;
 use crate::inflight::{Answer, InFlightCall};
-use crate::listing::{ListLimits, list_paged};
 use crate::launch::{EnvLookup, Launch, launch, process_env};
+use crate::listing::ListLimits;
 use crate::output::{OutputSize, enforce_cap};
 use crate::server_log::ServerLog;
 use crate::tools::ToolsCache;
@@ -91,10 +89,10 @@ impl Default for PoolOptions {
             restart_backoff_min: Duration::from_millis(250),
             restart_backoff_max: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(2),
-            max_list_pages: 100,
-            max_list_items: 10_000,
-            max_list_bytes: 32 << 20,
-            list_timeout: Duration::from_secs(30),
+            max_list_pages: ListLimits::DEFAULT.max_pages,
+            max_list_items: ListLimits::DEFAULT.max_items,
+            max_list_bytes: ListLimits::DEFAULT.max_bytes,
+            list_timeout: ListLimits::DEFAULT.timeout,
             max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
             env: process_env(),
             // Only fails where `reqwest::Client::new()` would panic (no TLS
@@ -596,18 +594,9 @@ impl McpPool {
                 let connection = pool.connection(&entry).await?;
                 entry.touch();
                 let limits = pool.inner.options.list_limits();
-                let listed = list_paged("tools/list", &limits, |cursor| {
-                    let peer = connection.peer().clone();
-                    async move {
-                        let params = PaginatedRequestParams::default().with_cursor(cursor);
-                        let page = peer
-                            .list_tools(Some(params))
-                            .await
-                            .map_err(|err| map_service_error(err, 0))?;
-                        Ok((page.tools, page.next_cursor))
-                    }
-                })
-                .await;
+                let listed = limits
+                    .list_tools(connection.peer(), |err| map_service_error(err, 0))
+                    .await;
                 match listed {
                     Ok(tools) => {
                         entry.listing_failed.store(false, Ordering::Release);

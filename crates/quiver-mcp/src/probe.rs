@@ -14,6 +14,7 @@ use crate::connection::{ConnectSettings, Connection, StderrTail};
 use crate::egress::EgressPolicy;
 use crate::error::McpError;
 use crate::launch::{EnvLookup, launch};
+use crate::listing::ListLimits;
 use crate::server_log::ServerLog;
 
 /// How long a failed or closed stdio child's last stderr lines are awaited.
@@ -149,6 +150,7 @@ pub async fn probe_with_egress(
         // The outer deadline is the bound; this one only must not fire first,
         // so that running out of time reads as a timeout, not a failure.
         initialize_timeout: deadline + Duration::from_secs(1),
+        max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
         http,
         max_concurrent_requests: 1,
         egress: egress.clone(),
@@ -169,7 +171,6 @@ pub async fn probe_with_egress(
         outcome => {
             // The transport was dropped with the connect future: its drop
             // kills the child's group; give the pipe a moment to deliver.
-        max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
             stderr.drained(STDERR_DRAIN).await;
             let tail = stderr.lines();
             return Err(match outcome {
@@ -178,7 +179,20 @@ pub async fn probe_with_egress(
             });
         }
     };
-    let listed = timeout_at(until, connection.peer().list_all_tools()).await;
+    // Paged within the pool's default listing bounds, so a server that
+    // pages without end fails the preview with the limit it hit. As above,
+    // the outer deadline is the bound of time.
+    let limits = ListLimits {
+        timeout: deadline + Duration::from_secs(1),
+        ..ListLimits::DEFAULT
+    };
+    let listed = timeout_at(
+        until,
+        limits.list_tools(connection.peer(), |err| {
+            crate::error::McpError::Unavailable(err.to_string())
+        }),
+    )
+    .await;
     let duration = started.elapsed();
     let server_info = connection
         .peer()
