@@ -5,6 +5,9 @@ call). Usage: cancel_honouring.py STATS_DIR (see concurrency.py)."""
 
 import sys
 
+# The local modules below are imported from the source tree: no __pycache__ there.
+sys.dont_write_bytecode = True
+
 import anyio
 from mcp.server.mcpserver import MCPServer
 

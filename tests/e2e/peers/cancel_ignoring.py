@@ -3,6 +3,9 @@ anyway (plain JSON-RPC, see raw_jsonrpc.py): `work(seconds)` sleeps, then
 answers. Usage: cancel_ignoring.py STATS_DIR (see concurrency.py)."""
 
 import sys
+
+# The local modules below are imported from the source tree: no __pycache__ there.
+sys.dont_write_bytecode = True
 import time
 
 from concurrency import Concurrency

@@ -6,6 +6,9 @@ payload each) interleaved with non-JSON garbage lines, and it still answers
 
 import json
 import sys
+
+# The local modules below are imported from the source tree: no __pycache__ there.
+sys.dont_write_bytecode = True
 import time
 
 from raw_jsonrpc import serve
