@@ -57,6 +57,10 @@ pub enum RegistryError {
         /// The last lines the stdio child wrote to stderr.
         stderr_tail: Vec<String>,
     },
+    /// The registry's egress allowlist refuses the URL of a record it was
+    /// asked to connect to (tool preview); nothing was connected.
+    #[error("{0}")]
+    McpPolicyDenied(String),
     /// An MCP server the registry connected to itself did not answer in time.
     #[error("{message}")]
     McpTimeout {
@@ -103,6 +107,9 @@ pub enum ErrorCode {
     /// See [`RegistryError::McpTimeout`]; the §10 code of the same failure on
     /// a worker.
     McpTimeout,
+    /// See [`RegistryError::McpPolicyDenied`]; a worker's code and status
+    /// for the same refusal.
+    McpPolicyDenied,
     /// See [`RegistryError::ResourceExhausted`].
     ResourceExhausted,
     /// See [`RegistryError::PayloadTooLarge`].
@@ -129,11 +136,12 @@ impl ErrorCode {
         self.mapping().2
     }
 
-    /// The table itself.
+    /// The table itself. Codes a worker answers with too come from the
+    /// worker's table ([`WorkerCode`]), so one string means one thing.
     fn mapping(self) -> (&'static str, tonic::Code, StatusCode) {
         match self {
             ErrorCode::Unauthenticated => (
-                "unauthenticated",
+                WorkerCode::Unauthenticated.as_str(),
                 tonic::Code::Unauthenticated,
                 StatusCode::UNAUTHORIZED,
             ),
@@ -142,7 +150,11 @@ impl ErrorCode {
                 tonic::Code::PermissionDenied,
                 StatusCode::FORBIDDEN,
             ),
-            ErrorCode::NotFound => ("not_found", tonic::Code::NotFound, StatusCode::NOT_FOUND),
+            ErrorCode::NotFound => (
+                WorkerCode::NotFound.as_str(),
+                tonic::Code::NotFound,
+                StatusCode::NOT_FOUND,
+            ),
             ErrorCode::Conflict => ("conflict", tonic::Code::Aborted, StatusCode::CONFLICT),
             ErrorCode::InvalidArgument => (
                 "invalid_argument",
@@ -171,23 +183,28 @@ impl ErrorCode {
                 tonic::Code::DeadlineExceeded,
                 StatusCode::GATEWAY_TIMEOUT,
             ),
+            ErrorCode::McpPolicyDenied => (
+                WorkerCode::McpPolicyDenied.as_str(),
+                tonic::Code::PermissionDenied,
+                WorkerCode::McpPolicyDenied.http_status(),
+            ),
             ErrorCode::ResourceExhausted => (
                 "resource_exhausted",
                 tonic::Code::ResourceExhausted,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
             ErrorCode::PayloadTooLarge => (
-                "payload_too_large",
+                WorkerCode::PayloadTooLarge.as_str(),
                 tonic::Code::ResourceExhausted,
                 StatusCode::PAYLOAD_TOO_LARGE,
             ),
             ErrorCode::MethodNotAllowed => (
-                "method_not_allowed",
+                WorkerCode::MethodNotAllowed.as_str(),
                 tonic::Code::Unimplemented,
                 StatusCode::METHOD_NOT_ALLOWED,
             ),
             ErrorCode::Internal => (
-                "internal",
+                WorkerCode::Internal.as_str(),
                 tonic::Code::Internal,
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),
@@ -208,6 +225,7 @@ impl RegistryError {
             RegistryError::Unavailable(_) => ErrorCode::Unavailable,
             RegistryError::McpUnavailable { .. } => ErrorCode::McpUnavailable,
             RegistryError::McpTimeout { .. } => ErrorCode::McpTimeout,
+            RegistryError::McpPolicyDenied(_) => ErrorCode::McpPolicyDenied,
             RegistryError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
             RegistryError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             RegistryError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
@@ -280,6 +298,7 @@ impl From<ProbeError> for RegistryError {
                 message,
                 stderr_tail,
             },
+            ProbeError::PolicyDenied { .. } => RegistryError::McpPolicyDenied(message),
         }
     }
 }
