@@ -629,7 +629,8 @@ export function serverPage(ctx, { id }) {
 
     sections.http = h('div', { testid: 'section-http' },
       h('div', { class: 'grid-2' },
-        field('http.url', 'URL', textInput('http.url', r.http?.url, { placeholder: 'https://mcp.example.com/mcp', mono: true, type: 'url' }), null, { className: 'span-2' }),
+        field('http.url', 'URL', textInput('http.url', r.http?.url, { placeholder: 'https://mcp.example.com/mcp', mono: true, type: 'url' }),
+          'Credentials in the URL (user:password@, api_key=, token=, sig= …) are secrets: shown masked, kept unless you type a new value.', { className: 'span-2' }),
         field('http.headers', 'Headers', kvEditor('http.headers', r.http?.headers, { keyPlaceholder: 'Header-Name', valuePlaceholder: 'value or ${ENV:VAR}', masked: true, addLabel: '+ Add header' }),
           'Literal values are secrets: shown masked, kept unless you type a new value.', { className: 'span-2' }),
         field('http.auth_ref', 'Credential reference (auth_ref)', textInput('http.auth_ref', r.http?.auth_ref, { placeholder: 'name of a credential held outside the registry', mono: true }))));
