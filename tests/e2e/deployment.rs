@@ -98,7 +98,7 @@ async fn the_registry_service_command_is_accepted_by_the_binary() {
         let value = match key.as_str() {
             // Same variables, values for this machine.
             "QUIVER_DATABASE_URL" => db.url().to_owned(),
-            "QUIVER_GRPC_LISTEN" | "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
+            "QUIVER_GRPC_LISTEN" | "QUIVER_REGISTRY_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
             _ => interpolated(value),
         };
         command.env(key, value);
@@ -155,7 +155,7 @@ async fn the_worker_service_commands_start_a_worker() {
         for (key, value) in &service.environment {
             let value = match key.as_str() {
                 "QUIVER_REGISTRY" => "http://127.0.0.1:1".to_owned(),
-                "QUIVER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
+                "QUIVER_WORKER_HTTP_LISTEN" => "127.0.0.1:0".to_owned(),
                 _ => interpolated(value),
             };
             command.env(key, value);

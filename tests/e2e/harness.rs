@@ -32,7 +32,8 @@ pub fn quiver_bin() -> &'static str {
 }
 
 /// A `quiver` command isolated from the test process environment: no
-/// inherited `QUIVER_*` or `RUST_LOG` setting can change what it does.
+/// inherited `QUIVER_*` or `RUST_LOG` setting can change what it does, and
+/// it logs with the binary's default filter, as deployed.
 pub fn quiver_command() -> Command {
     let mut command = Command::new(quiver_bin());
     for (key, _) in std::env::vars_os() {
@@ -40,7 +41,7 @@ pub fn quiver_command() -> Command {
             command.env_remove(&key);
         }
     }
-    command.env("RUST_LOG", "info,sqlx=warn");
+    command.env_remove("RUST_LOG");
     command.stdin(Stdio::null());
     command
 }

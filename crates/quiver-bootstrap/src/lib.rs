@@ -113,15 +113,19 @@ pub async fn reconcile(
     log_file_errors(dir, &scanned.errors);
     let planned = plan(store, &scanned).await?;
     let report = apply(store, &planned, actor).await?;
-    tracing::info!(
+    tracing::debug!(
         dir = %dir.display(),
         files = scanned.files.len(),
         records = scanned.records.len(),
         invalid_files = scanned.errors.len(),
         planned_at_revision = planned.revision,
-        report = %report,
-        "mcp.d reconciled"
+        "mcp.d scanned"
     );
+    // Rescans run every few seconds (`quiver dev`): one that changed nothing
+    // is not news.
+    if report.changed_anything() {
+        tracing::info!(dir = %dir.display(), report = %report, "mcp.d reconciled");
+    }
     Ok((scanned, report))
 }
 

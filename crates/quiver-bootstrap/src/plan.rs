@@ -344,6 +344,14 @@ pub struct ApplyReport {
     pub failed: Vec<(String, String)>,
 }
 
+impl ApplyReport {
+    /// Whether the store changed (a record created, updated or deleted) or
+    /// an action failed.
+    pub fn changed_anything(&self) -> bool {
+        self.created + self.updated + self.deleted > 0 || !self.failed.is_empty()
+    }
+}
+
 impl fmt::Display for ApplyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -11,10 +11,34 @@ use quiver_model::{McpServerSpec, Transport};
 use crate::error::McpError;
 
 /// Variables a stdio child inherits from the worker unless its record opts in
-/// to the whole environment (`inherit_env = true`). Everything else — the
-/// worker's own tokens and keys in particular — stays out.
+/// to the whole environment (`inherit_env = true`): the basics and every
+/// locale category (POSIX's and glibc's), by name — not any `LC_*`, since
+/// `ssh` forwards `LC_*` and other names under it can carry anything.
+/// Everything else — the worker's own tokens and keys in particular — stays
+/// out.
 pub const BASE_ENV: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TZ",
+    "TMPDIR",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_ADDRESS",
+    "LC_COLLATE",
+    "LC_CTYPE",
+    "LC_IDENTIFICATION",
+    "LC_MEASUREMENT",
+    "LC_MESSAGES",
+    "LC_MONETARY",
+    "LC_NAME",
+    "LC_NUMERIC",
+    "LC_PAPER",
+    "LC_TELEPHONE",
+    "LC_TIME",
 ];
 
 /// Where `${ENV:VAR}` values and the base environment come from.
@@ -137,6 +161,11 @@ mod tests {
             "PATH" => Some("/bin".into()),
             "TOKEN" => Some("t0k".into()),
             "SECRET_OF_THE_WORKER" => Some("never".into()),
+            "LC_TIME" => Some("en_GB.UTF-8".into()),
+            "LC_MESSAGES" => Some("C".into()),
+            // Not a locale category: `ssh` forwards `LC_*` by default, so
+            // such names are used to smuggle values through.
+            "LC_SMUGGLED_TOKEN" => Some("never".into()),
             _ => None,
         })
     }
@@ -157,6 +186,9 @@ mod tests {
         assert_eq!(launch.env["TOKEN"], "t0k");
         assert_eq!(launch.env["LEVEL"], "info");
         assert!(!launch.env.contains_key("SECRET_OF_THE_WORKER"));
+        assert_eq!(launch.env["LC_TIME"], "en_GB.UTF-8");
+        assert_eq!(launch.env["LC_MESSAGES"], "C");
+        assert!(!launch.env.contains_key("LC_SMUGGLED_TOKEN"));
     }
 
     #[test]

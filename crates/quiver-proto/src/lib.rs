@@ -21,6 +21,10 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
     "/quiver_registry_v1_descriptor.bin"
 ));
 
+/// Port the registry serves this protocol on unless told otherwise: the
+/// default of the registry's gRPC listener and of every client's registry URL.
+pub const DEFAULT_GRPC_PORT: u16 = 50051;
+
 use v1 as pb;
 
 /// A protobuf message that does not map onto the domain model.

@@ -13,4 +13,6 @@ pub mod state;
 pub mod web;
 pub mod workers;
 
-pub use server::{Registry, RegistryOptions, ServeError, http_router};
+pub use server::{
+    DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions, ServeError, http_router,
+};

@@ -3,7 +3,7 @@
 //! down through one cancellation token.
 
 use axum::serve::ListenerExt;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,16 @@ use crate::error::RegistryError;
 use crate::feed::{ChangeFeed, FeedOptions};
 use crate::grpc::GrpcService;
 use crate::state::{McpDir, PreviewEnv, RegistryState};
+
+/// Default of [`RegistryOptions::grpc_listen`]: loopback, the protocol's port.
+pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(
+    Ipv4Addr::LOCALHOST,
+    quiver_proto::DEFAULT_GRPC_PORT,
+));
+
+/// Default of [`RegistryOptions::http_listen`]: loopback port 8080.
+pub const DEFAULT_HTTP_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8080));
 
 /// How the registry runs.
 #[derive(Debug, Clone)]
@@ -55,6 +65,8 @@ pub struct RegistryOptions {
     /// Hosts tool previews may connect to over HTTP (the workers' egress
     /// allowlist; default: all).
     pub preview_egress: quiver_mcp::egress::EgressPolicy,
+    /// Bounds of the worker status board (tracked workers, expiry, report size).
+    pub workers: crate::workers::WorkerBoardOptions,
     /// Serve both listeners (gRPC and HTTP) over TLS with this certificate;
     /// `None` (the default) serves plaintext.
     pub tls: Option<quiver_proto::tls::ServerTls>,
@@ -63,10 +75,8 @@ pub struct RegistryOptions {
 impl Default for RegistryOptions {
     fn default() -> Self {
         RegistryOptions {
-            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
-    /// Bounds of the worker status board (tracked workers, expiry, report size).
-    pub workers: crate::workers::WorkerBoardOptions,
-            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_listen: DEFAULT_GRPC_LISTEN,
+            http_listen: DEFAULT_HTTP_LISTEN,
             auth: AuthConfig::default(),
             mcp_dir: None,
             rescan_interval: Some(Duration::from_secs(30)),
@@ -76,6 +86,7 @@ impl Default for RegistryOptions {
             metrics: None,
             preview_env: PreviewEnv::default(),
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
+            workers: crate::workers::WorkerBoardOptions::default(),
             tls: None,
         }
     }
@@ -88,7 +99,6 @@ pub enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         /// The address.
-            workers: crate::workers::WorkerBoardOptions::default(),
         addr: SocketAddr,
         /// The OS error.
         source: std::io::Error,
@@ -261,7 +271,6 @@ impl Registry {
         }
     }
 }
-    let workers = state.workers.clone();
 
 fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
     listener.local_addr().map_err(|source| ServeError::Bind {
@@ -272,7 +281,7 @@ fn local_addr(listener: &TcpListener) -> Result<SocketAddr, ServeError> {
 
 /// The HTTP surface: admin API, metrics and health.
 pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> Router {
-                let workers = workers.clone();
+    let workers = state.workers.clone();
     Router::new()
         .nest("/admin/api", crate::rest::router())
         .merge(crate::web::router())
@@ -283,6 +292,7 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
             "/metrics",
             get(move || {
                 let metrics = metrics.clone();
+                let workers = workers.clone();
                 async move {
                     match metrics {
                         // Per-worker series come from the board, so they

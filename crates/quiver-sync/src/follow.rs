@@ -49,9 +49,13 @@ pub(crate) struct Follower {
 }
 
 impl Follower {
-    /// Starts from a full list; the list is authoritative, so it is adopted
-    /// even if its revision is lower than the published one (the registry's
-    /// database was restored or replaced).
+    /// Starts from a full list (every (re)connect). The list is
+    /// authoritative, so it is adopted even if its revision is lower than the
+    /// published one: the registry's database was restored from a backup or
+    /// replaced, and keeping the newer snapshot would serve records that
+    /// registry no longer has, with a watch that can never resume. This is
+    /// the one way a snapshot revision moves backwards; within one
+    /// connection an older list is ignored ([`Follower::offer`]).
     pub(crate) fn from_list(shared: Arc<Shared>, listed: Listed) -> Self {
         let published = shared.current();
         if shared.is_ready() && listed.revision < published.revision {
@@ -374,6 +378,33 @@ mod tests {
             servers: vec![],
         });
         assert_eq!(shared.current().revision, 5);
+    }
+
+    #[test]
+    fn a_registry_restored_from_a_backup_is_adopted_at_its_lower_revision() {
+        let (_, shared) = follower(7, &[("a", 7), ("b", 5)]);
+        let mut updates = crate::SnapshotHandle {
+            shared: shared.clone(),
+        }
+        .subscribe();
+        updates.mark_unchanged();
+        // Reconnected to the registry restored as of revision 4.
+        let restored = Listed {
+            revision: 4,
+            servers: vec![server("a", 4)],
+        };
+        let f = Follower::from_list(shared.clone(), restored);
+        let snap = shared.current();
+        assert_eq!((snap.revision, f.applied()), (4, 4));
+        assert_eq!(snap.get("a").unwrap().revision, 4);
+        assert!(snap.get("b").is_none());
+        let update = updates.borrow_and_update().clone();
+        assert_eq!(
+            update.changed,
+            BTreeSet::from(["a".to_owned(), "b".to_owned()])
+        );
+        // The restored registry's next change follows from there.
+        assert_eq!(fetch_ids(f.plan(&event(5, &["c"], &[])).unwrap()), ["c"]);
     }
 
     #[test]

@@ -47,7 +47,7 @@ mod service;
 mod snapshot;
 
 pub use error::SyncError;
-pub use options::SyncOptions;
+pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;
 pub use service::SyncService;
 pub use snapshot::{Snapshot, SnapshotHandle, SnapshotUpdate};

@@ -5,6 +5,12 @@ use std::time::Duration;
 
 use crate::SyncError;
 
+/// Default of [`SyncOptions::registry_url`]: a registry on this host, on the
+/// protocol's default port.
+pub fn default_registry_url() -> String {
+    format!("http://127.0.0.1:{}", quiver_proto::DEFAULT_GRPC_PORT)
+}
+
 /// Configuration of a [`crate::SyncService`].
 #[derive(Clone)]
 pub struct SyncOptions {
@@ -38,7 +44,7 @@ pub struct SyncOptions {
 impl Default for SyncOptions {
     fn default() -> Self {
         SyncOptions {
-            registry_url: "http://127.0.0.1:50051".to_owned(),
+            registry_url: default_registry_url(),
             token: None,
             worker_id: String::new(),
             poll_interval: (Duration::from_secs(30), Duration::from_secs(120)),

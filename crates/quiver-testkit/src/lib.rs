@@ -4,7 +4,7 @@
 pub mod bench;
 #[cfg(feature = "proptest")]
 pub mod fuzz;
-pub mod legacy_sse;
+pub use quiver_example_mcp::legacy_sse;
 pub mod mcp_server;
 pub mod postgres;
 #[cfg(feature = "registry")]

@@ -2,7 +2,7 @@
 //! the HTTP API, stopped through one cancellation token.
 
 use axum::serve::ListenerExt;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +53,31 @@ pub struct WorkerOptions {
 /// quickly starting server, short enough that a server stuck in its
 /// handshake does not stall every chat request for its connect timeout.
 pub const DEFAULT_CATALOG_WAIT: Duration = Duration::from_secs(3);
+
+/// Default of [`WorkerOptions::http_listen`]: loopback port 8090.
+pub const DEFAULT_HTTP_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8090));
+
+/// A worker on [`DEFAULT_HTTP_LISTEN`] following a registry at
+/// [`quiver_sync::default_registry_url`], with no callers, no upstream and
+/// plaintext HTTP. `sync.worker_id` is empty and must be set.
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            http_listen: DEFAULT_HTTP_LISTEN,
+            sync: SyncOptions::default(),
+            pool: PoolOptions::default(),
+            callers: CallersConfig::default(),
+            warm_up: Vec::new(),
+            shutdown_grace: Duration::from_secs(10),
+            metrics: None,
+            upstream: None,
+            audit: AuditOptions::default(),
+            catalog_wait: DEFAULT_CATALOG_WAIT,
+            tls: None,
+        }
+    }
+}
 
 /// Why the worker could not start.
 #[derive(Debug, thiserror::Error)]

@@ -390,6 +390,8 @@ pub struct McpSection {
 pub struct LogSection {
     /// `text` or `json`.
     pub format: Option<LogFormat>,
+    /// `tracing` filter directives (as `--log-level`).
+    pub level: Option<String>,
     /// OTLP/HTTP collector base URL for trace export (off when unset).
     pub otlp_endpoint: Option<String>,
 }

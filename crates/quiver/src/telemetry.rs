@@ -36,6 +36,14 @@ pub enum TelemetryError {
         /// Why it was rejected.
         reason: String,
     },
+    /// `--log-level` (or `RUST_LOG`, or `[log] level`) is not a filter.
+    #[error("--log-level {value:?} (or RUST_LOG, or [log] level): {reason}")]
+    InvalidLogFilter {
+        /// The rejected directives.
+        value: String,
+        /// Why they were rejected.
+        reason: String,
+    },
     /// The OTLP exporter could not be built.
     #[error("--otlp-endpoint: cannot build the OTLP trace exporter: {0}")]
     OtlpExporter(#[from] opentelemetry_otlp::ExporterBuildError),
@@ -83,25 +91,29 @@ impl OtlpEndpoint {
 pub struct LogSettings {
     /// Log line format.
     pub format: LogFormat,
+    /// `tracing` filter directives; `None` is [`DEFAULT_LOG_FILTER`].
+    pub filter: Option<String>,
     /// OTLP trace export (off when `None`).
     pub otlp_endpoint: Option<OtlpEndpoint>,
 }
 
+/// Log filter unless `--log-level` / `RUST_LOG` says otherwise: Quiver's own
+/// crates at INFO (a target matches a directive it starts with, so `quiver`
+/// covers `quiver_mcp`, `quiver_registry`, … and `quiver::audit`), every
+/// other crate at WARN — rmcp, for one, logs every server notification at
+/// INFO with its payload, which a chatty MCP server turns into a flood.
+pub const DEFAULT_LOG_FILTER: &str = "warn,quiver=info";
+
 impl LogSettings {
-    /// Layers `--log-format`/`--otlp-endpoint` over the `[log]` section.
-    pub fn layered(
-        format: Option<LogFormat>,
-        otlp_endpoint: Option<String>,
-        file: crate::config::LogSection,
-    ) -> Result<LogSettings, TelemetryError> {
-        Ok(LogSettings {
-            format: format.or(file.format).unwrap_or_default(),
-            otlp_endpoint: otlp_endpoint
-                .or(file.otlp_endpoint)
-                .filter(|value| !value.is_empty())
-                .map(|value| OtlpEndpoint::parse(&value))
-                .transpose()?,
-        })
+    /// The filter of `self.filter`, or the default one.
+    pub fn env_filter(&self) -> Result<EnvFilter, TelemetryError> {
+        let directives = self.filter.as_deref().unwrap_or(DEFAULT_LOG_FILTER);
+        EnvFilter::builder()
+            .parse(directives)
+            .map_err(|err| TelemetryError::InvalidLogFilter {
+                value: directives.to_owned(),
+                reason: err.to_string(),
+            })
     }
 }
 
@@ -146,8 +158,8 @@ impl Drop for TracingGuard {
 /// Target of the HTTP request spans of `tower_http`'s `TraceLayer` (DEBUG).
 const REQUEST_SPANS: &str = "tower_http::trace::make_span=debug";
 
-/// Installs the tracing subscriber: logs go to stderr (`RUST_LOG` filters)
-/// and, with `settings.otlp_endpoint`, spans are exported over OTLP/HTTP as
+/// Installs the tracing subscriber: logs go to stderr (filtered by
+/// [`LogSettings::env_filter`]) and, with `settings.otlp_endpoint`, spans are exported over OTLP/HTTP as
 /// service `service_name`. With OTLP on, the HTTP request spans of
 /// `tower_http` (DEBUG) are enabled too (spans only: its DEBUG events stay off).
 ///
@@ -158,7 +170,7 @@ pub fn init_tracing(
     service_name: &'static str,
 ) -> Result<TracingGuard, TelemetryError> {
     type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
-    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = settings.env_filter()?;
     let fmt_layer: BoxedLayer = match settings.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -237,19 +249,122 @@ mod tests {
         }
     }
 
-    #[test]
-    fn flag_beats_config_and_empty_means_off() {
-        let file = crate::config::LogSection {
-            format: None,
-            otlp_endpoint: Some("http://file:4318".to_owned()),
+    /// Which of these (target, level) events `settings` lets through, with
+    /// the filter installed as `init_tracing` installs it.
+    fn passed(settings: &LogSettings, events: &[(&str, tracing::Level)]) -> Vec<String> {
+        use std::sync::{Arc, Mutex};
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = {
+            let seen = Arc::clone(&seen);
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || CaptureWriter(Arc::clone(&seen)))
+                .with_ansi(false)
         };
-        let settings = LogSettings::layered(None, Some("http://flag:4318".to_owned()), file);
-        let url = settings
-            .ok()
-            .and_then(|s| s.otlp_endpoint)
-            .map(|e| e.traces_url().to_string());
-        assert_eq!(url.as_deref(), Some("http://flag:4318/v1/traces"));
-        let off = LogSettings::layered(None, None, crate::config::LogSection::default());
-        assert!(off.is_ok_and(|s| s.otlp_endpoint.is_none()));
+        let subscriber = tracing_subscriber::registry()
+            .with(layer)
+            .with(settings.env_filter().unwrap());
+        tracing::subscriber::with_default(subscriber, || {
+            for (target, level) in events {
+                emit(target, *level);
+            }
+        });
+        let text = String::from_utf8(seen.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter_map(|line| line.split_once("event ").map(|(_, rest)| rest.to_owned()))
+            .collect()
+    }
+
+    /// `tracing` needs literal targets and levels: one arm per case tested.
+    fn emit(target: &str, level: tracing::Level) {
+        use tracing::Level;
+        match (target, level) {
+            ("rmcp::service", Level::INFO) => {
+                tracing::info!(target: "rmcp::service", "event rmcp info")
+            }
+            ("rmcp::service", Level::WARN) => {
+                tracing::warn!(target: "rmcp::service", "event rmcp warn")
+            }
+            ("sqlx::query", Level::INFO) => {
+                tracing::info!(target: "sqlx::query", "event sqlx info")
+            }
+            ("quiver", Level::INFO) => tracing::info!(target: "quiver", "event quiver info"),
+            ("quiver::audit", Level::INFO) => {
+                tracing::info!(target: "quiver::audit", "event audit info")
+            }
+            ("quiver_registry::state", Level::INFO) => {
+                tracing::info!(target: "quiver_registry::state", "event registry info")
+            }
+            ("quiver_mcp::pool", Level::DEBUG) => {
+                tracing::debug!(target: "quiver_mcp::pool", "event mcp debug")
+            }
+            other => panic!("no arm for {other:?}"),
+        }
+    }
+
+    struct CaptureWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for CaptureWriter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const EVENTS: &[(&str, tracing::Level)] = &[
+        ("rmcp::service", tracing::Level::INFO),
+        ("rmcp::service", tracing::Level::WARN),
+        ("sqlx::query", tracing::Level::INFO),
+        ("quiver", tracing::Level::INFO),
+        ("quiver::audit", tracing::Level::INFO),
+        ("quiver_registry::state", tracing::Level::INFO),
+        ("quiver_mcp::pool", tracing::Level::DEBUG),
+    ];
+
+    #[test]
+    fn default_filter_keeps_our_info_and_other_crates_warnings() {
+        assert_eq!(DEFAULT_LOG_FILTER, "warn,quiver=info");
+        let passed = passed(&LogSettings::default(), EVENTS);
+        assert_eq!(
+            passed,
+            ["rmcp warn", "quiver info", "audit info", "registry info"]
+        );
+    }
+
+    #[test]
+    fn log_level_replaces_the_default_filter() {
+        let settings = LogSettings {
+            filter: Some("info,quiver_mcp=debug".to_owned()),
+            ..LogSettings::default()
+        };
+        let passed = passed(&settings, EVENTS);
+        assert_eq!(
+            passed,
+            [
+                "rmcp info",
+                "rmcp warn",
+                "sqlx info",
+                "quiver info",
+                "audit info",
+                "registry info",
+                "mcp debug"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_log_level_names_the_flag() {
+        let settings = LogSettings {
+            filter: Some("quiver=loud".to_owned()),
+            ..LogSettings::default()
+        };
+        let err = settings.env_filter().err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.starts_with("--log-level \"quiver=loud\"")),
+            "{err:?}"
+        );
     }
 }

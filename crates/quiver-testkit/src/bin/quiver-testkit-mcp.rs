@@ -1,5 +1,5 @@
-//! `quiver-testkit-mcp`: the test MCP server of `quiver_testkit::mcp_server`
-//! as a standalone process, for tests that need a real child process or a
+//! `quiver-testkit-mcp`: the test MCP server of `quiver_example_mcp` (every
+//! tool, every transport) as a standalone process, for tests that need a real child process or a
 //! real HTTP peer.
 //!
 //! Stdout contract: with `--transport stdio` stdout carries only MCP
@@ -14,8 +14,9 @@ use std::{
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use quiver_testkit::legacy_sse;
-use quiver_testkit::mcp_server::{Profile, TestServer, serve_stdio, serve_streamable_http};
+use quiver_example_mcp::http::serve_streamable_http;
+use quiver_example_mcp::legacy_sse;
+use quiver_example_mcp::server::{Profile, TestServer, serve_stdio};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;

@@ -7,15 +7,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quiver_mcp::{McpPool, PoolOptions};
+use quiver_mcp::McpPool;
 use quiver_model::{McpServerSpec, Source, StoredServer};
 use quiver_store::{Store, UpsertRequest};
 use quiver_sync::{SnapshotHandle, SyncOptions};
 use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
 use quiver_upstream::UpstreamOptions;
-use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, CallersConfig};
-use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
+use quiver_worker::{Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 /// A benchmark's error.
@@ -69,7 +68,6 @@ impl Stack {
                     worker_id: "bench".into(),
                     ..SyncOptions::default()
                 },
-                pool: PoolOptions::default(),
                 callers: CallersConfig {
                     callers: vec![CallerToken {
                         token: CALLER_TOKEN.into(),
@@ -79,11 +77,8 @@ impl Stack {
                 },
                 warm_up: ids.clone(),
                 shutdown_grace: Duration::from_secs(1),
-                metrics: None,
                 upstream,
-                audit: AuditOptions::default(),
-                catalog_wait: DEFAULT_CATALOG_WAIT,
-                tls: None,
+                ..WorkerOptions::default()
             },
             shutdown.clone(),
         )

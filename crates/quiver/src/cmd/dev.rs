@@ -14,18 +14,24 @@ use quiver_mcp::PoolOptions;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::state::{McpDir, PreviewEnv};
-use quiver_registry::{Registry, RegistryOptions};
+use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
 use quiver_sync::SyncOptions;
-use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::CallersConfig;
-use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
+use quiver_worker::{DEFAULT_HTTP_LISTEN as DEFAULT_WORKER_HTTP_LISTEN, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::worker::{UpstreamArgs, upstream_options};
-use crate::config::UpstreamSection;
-use crate::telemetry::{self, LogFormat, LogSettings, OtlpEndpoint};
+use super::flags::{LogFlags, UpstreamFlags};
+use super::signals::{shutdown_on_signal, take_over_sighup};
+use crate::config::{LogSection, UpstreamSection};
+use crate::telemetry;
 
-/// Flags of `quiver dev`.
+/// `mcp.d` rescan period of `quiver dev`: edits show up within seconds.
+const DEV_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How long `quiver dev`'s worker waits for requests in flight at shutdown.
+const DEV_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Flags of `quiver dev` (environment variables as in the README's table).
 #[derive(Args, Debug)]
 pub struct DevArgs {
     /// SQLite database of the dev registry.
@@ -39,24 +45,24 @@ pub struct DevArgs {
     #[arg(long, env = "QUIVER_MCP_DIR", default_value = "config/mcp.d")]
     pub mcp_dir: PathBuf,
     /// Registry gRPC listen address (must be loopback).
-    #[arg(long, env = "QUIVER_GRPC_LISTEN", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = "QUIVER_GRPC_LISTEN", default_value_t = DEFAULT_GRPC_LISTEN)]
     pub grpc_listen: SocketAddr,
     /// Registry HTTP listen address (must be loopback).
-    #[arg(long, env = "QUIVER_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "QUIVER_REGISTRY_HTTP_LISTEN", default_value_t = DEFAULT_HTTP_LISTEN)]
     pub http_listen: SocketAddr,
     /// Worker HTTP listen address (must be loopback).
-    #[arg(long, env = "QUIVER_WORKER_LISTEN", default_value = "127.0.0.1:8090")]
-    pub worker_listen: SocketAddr,
-    /// Log format.
-    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
-    /// trace spans there as protobuf (off by default).
-    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    #[arg(
+        long,
+        env = "QUIVER_WORKER_HTTP_LISTEN",
+        default_value_t = DEFAULT_WORKER_HTTP_LISTEN
+    )]
+    pub worker_http_listen: SocketAddr,
+    /// Logging and trace export.
+    #[command(flatten)]
+    pub log: LogFlags,
     /// Chat upstream (none by default: dev stays offline).
     #[command(flatten)]
-    pub upstream: UpstreamArgs,
+    pub upstream: UpstreamFlags,
 }
 
 /// The worker's environment, with the directory of this binary first on
@@ -80,16 +86,8 @@ fn env_with_own_dir_on_path() -> quiver_mcp::launch::EnvLookup {
 
 /// Runs `quiver dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    super::registry::take_over_sighup();
-    let log = LogSettings {
-        format: args.log_format,
-        otlp_endpoint: args
-            .otlp_endpoint
-            .as_deref()
-            .filter(|value| !value.is_empty())
-            .map(OtlpEndpoint::parse)
-            .transpose()?,
-    };
+    take_over_sighup();
+    let log = args.log.settings(LogSection::default())?;
     let tracing_guard = telemetry::init_tracing(&log, "quiver-dev")?;
     let metrics = telemetry::init_metrics()?;
     let store = quiver_store::open(&args.database_url)
@@ -109,7 +107,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 path: args.mcp_dir.clone(),
                 strictness: Strictness::Lenient,
             }),
-            rescan_interval: Some(Duration::from_secs(5)),
+            rescan_interval: Some(DEV_RESCAN_INTERVAL),
             metrics: Some(metrics.clone()),
             preview_env: PreviewEnv(env_with_own_dir_on_path()),
             ..Default::default()
@@ -117,14 +115,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .await?;
-    let upstream = upstream_options(args.upstream, UpstreamSection::default())?;
+    let upstream = args.upstream.options(UpstreamSection::default())?;
     let upstream_note = upstream.as_ref().map_or_else(
         || "no upstream: pass --upstream-url".to_owned(),
         |u| format!("upstream {}", u.base_url),
     );
     let worker = Worker::start(
         WorkerOptions {
-            http_listen: args.worker_listen,
+            http_listen: args.worker_http_listen,
             sync: SyncOptions {
                 registry_url: format!("http://{}", registry.grpc_addr()),
                 worker_id: "dev".to_owned(),
@@ -138,13 +136,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 insecure_no_auth: true,
                 ..Default::default()
             },
-            warm_up: Vec::new(),
-            shutdown_grace: Duration::from_secs(5),
+            shutdown_grace: DEV_SHUTDOWN_GRACE,
             metrics: Some(metrics),
             upstream,
-            audit: AuditOptions::default(),
-            catalog_wait: DEFAULT_CATALOG_WAIT,
-            tls: None,
+            ..WorkerOptions::default()
         },
         shutdown.clone(),
     )
@@ -162,7 +157,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         worker = worker.http_addr(),
         chat = upstream_note,
     );
-    tokio::spawn(super::registry::shutdown_on_signal(shutdown));
+    tokio::spawn(shutdown_on_signal(shutdown));
     let (registry, worker) = tokio::join!(registry.run(), worker.run());
     tracing_guard.shutdown();
     registry?;

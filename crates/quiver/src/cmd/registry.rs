@@ -10,26 +10,34 @@ use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::FeedOptions;
 use quiver_registry::state::McpDir;
-use quiver_registry::{Registry, RegistryOptions};
+use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::flags::{EgressFlags, LogFlags, TlsFlags};
+use super::signals::{shutdown_on_signal, take_over_sighup};
 use crate::config::{self, RegistryFile};
-use crate::telemetry::{self, LogFormat, LogSettings};
+use crate::telemetry::{self, LogSettings};
 
-/// Flags of `quiver registry` (each also `QUIVER_<FLAG>`).
+/// Store of a registry given no `--database-url`.
+const DEFAULT_DATABASE_URL: &str = "sqlite://quiver.db";
+
+/// Flags of `quiver registry` (environment variables as in the README's table).
 #[derive(Args, Debug, Default)]
 pub struct RegistryArgs {
     /// TOML config file (see config/registry.toml).
     #[arg(long, env = "QUIVER_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Database URL: sqlite://quiver.db (default) or postgres://user@host/db.
-    #[arg(long, env = "QUIVER_DATABASE_URL")]
+    /// Database URL: sqlite://… or postgres://user@host/db.
+    #[arg(long, env = "QUIVER_DATABASE_URL",
+        help = format!("Database URL: sqlite://… or postgres://user@host/db [default: {DEFAULT_DATABASE_URL}]"))]
     pub database_url: Option<String>,
-    /// gRPC listen address [default: 127.0.0.1:50051].
-    #[arg(long, env = "QUIVER_GRPC_LISTEN")]
+    /// gRPC listen address.
+    #[arg(long, env = "QUIVER_GRPC_LISTEN",
+        help = format!("gRPC listen address [default: {DEFAULT_GRPC_LISTEN}]"))]
     pub grpc_listen: Option<SocketAddr>,
-    /// HTTP listen address for the admin API, metrics and health [default: 127.0.0.1:8080].
-    #[arg(long, env = "QUIVER_HTTP_LISTEN")]
+    /// HTTP listen address for the admin API, metrics and health.
+    #[arg(long, env = "QUIVER_REGISTRY_HTTP_LISTEN",
+        help = format!("HTTP listen address for the admin API, metrics and health [default: {DEFAULT_HTTP_LISTEN}]"))]
     pub http_listen: Option<SocketAddr>,
     /// Directory of mcp.d server files to load and keep in sync.
     #[arg(long, env = "QUIVER_MCP_DIR")]
@@ -63,22 +71,15 @@ pub struct RegistryArgs {
     /// Watch heartbeat period in seconds [default: 15].
     #[arg(long, env = "QUIVER_HEARTBEAT_SECS")]
     pub heartbeat_secs: Option<u64>,
-    /// PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key).
-    #[arg(long, env = "QUIVER_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "QUIVER_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Log format.
-    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
-    /// trace spans there as protobuf (off by default).
-    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    /// TLS of the gRPC and HTTP listeners.
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Logging and trace export.
+    #[command(flatten)]
+    pub log: LogFlags,
     /// Egress allowlist of tool previews (as on workers).
     #[command(flatten)]
-    pub egress: super::worker::EgressArgs,
+    pub egress: EgressFlags,
 }
 
 /// Everything `quiver registry` needs, after layering.
@@ -101,10 +102,11 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             .map(|dir| config::relative_to(args.config.as_deref(), dir))
     });
     let strict = args.strict || file.mcp.strict.unwrap_or(false);
-    let rescan_secs = args
-        .rescan_interval_secs
-        .or(file.mcp.rescan_interval_secs)
-        .unwrap_or(30);
+    let rescan_interval = match args.rescan_interval_secs.or(file.mcp.rescan_interval_secs) {
+        Some(0) => None,
+        Some(secs) => Some(Duration::from_secs(secs)),
+        None => defaults.rescan_interval,
+    };
     let retention = file.change_log_retention.or(defaults.change_log_retention);
     let admin_token = config::token_or_file(
         args.admin_token,
@@ -140,7 +142,7 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
                 Strictness::Lenient
             },
         }),
-        rescan_interval: (rescan_secs > 0).then(|| Duration::from_secs(rescan_secs)),
+        rescan_interval,
         feed: FeedOptions {
             heartbeat: args
                 .heartbeat_secs
@@ -151,22 +153,17 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             ..defaults.feed
         },
         change_log_retention: retention.filter(|&n| n > 0),
-        preview_egress: super::worker::egress_policy(args.egress, file.egress)?,
-        tls: config::server_tls(
-            args.tls_cert,
-            args.tls_key,
-            file.tls,
-            args.config.as_deref(),
-        )?,
+        preview_egress: args.egress.policy(file.egress)?,
+        tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
         ..defaults
     };
     Ok(RegistrySettings {
         database_url: args
             .database_url
             .or(file.database_url)
-            .unwrap_or_else(|| "sqlite://quiver.db".to_owned()),
+            .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
         options,
-        log: LogSettings::layered(args.log_format, args.otlp_endpoint, file.log)?,
+        log: args.log.settings(file.log)?,
     })
 }
 
@@ -204,16 +201,6 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     served
 }
 
-/// SIGHUP asks for an `mcp.d` rescan, but its default action kills the
-/// process, and the rescan task only listens once serving (not at all without
-/// an `mcp.d` directory): take the signal over before the slow start-up.
-/// Tokio keeps a handler installed for the life of the process.
-pub fn take_over_sighup() {
-    if let Err(err) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        tracing::warn!(error = %err, "cannot handle SIGHUP");
-    }
-}
-
 /// Starts a registry and serves it until Ctrl-C or SIGTERM.
 pub async fn serve(
     store: std::sync::Arc<dyn quiver_store::Store>,
@@ -238,23 +225,6 @@ pub async fn serve(
     registry.run().await?;
     tracing::info!("quiver {banner} stopped");
     Ok(())
-}
-
-pub async fn shutdown_on_signal(shutdown: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutting down");
-    shutdown.cancel();
 }
 
 /// The URL without its password, for messages.
@@ -287,7 +257,7 @@ mod tests {
         };
         let settings = settings(args).unwrap();
         assert_eq!(settings.options.http_listen.port(), 9999);
-        assert_eq!(settings.options.grpc_listen.port(), 50051);
+        assert_eq!(settings.options.grpc_listen, DEFAULT_GRPC_LISTEN);
         let dir = settings.options.mcp_dir.unwrap().path;
         assert!(
             dir.ends_with("config/./mcp.d") || dir.ends_with("config/mcp.d"),

@@ -16,7 +16,7 @@ pub struct ServersArgs {
     #[arg(
         long,
         env = "QUIVER_REGISTRY",
-        default_value = "http://127.0.0.1:50051",
+        default_value_t = quiver_sync::default_registry_url(),
         global = true
     )]
     pub registry: String,

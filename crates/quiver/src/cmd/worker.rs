@@ -7,23 +7,25 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use quiver_mcp::PoolOptions;
-use quiver_sync::SyncOptions;
-use quiver_upstream::UpstreamOptions;
+use quiver_sync::{SyncOptions, default_registry_url};
 use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
-use quiver_worker::{DEFAULT_CATALOG_WAIT, Worker, WorkerOptions};
+use quiver_worker::{DEFAULT_HTTP_LISTEN, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, EgressSection, UpstreamSection, WorkerFile};
-use crate::telemetry::{self, LogFormat, LogSettings};
+use super::flags::{EgressFlags, LogFlags, TlsFlags, UpstreamFlags};
+use super::signals::shutdown_on_signal;
+use crate::config::{self, WorkerFile};
+use crate::telemetry::{self, LogSettings};
 
-/// Flags of `quiver worker` (each also `QUIVER_<FLAG>`).
+/// Flags of `quiver worker` (environment variables as in the README's table).
 #[derive(Args, Debug, Default)]
 pub struct WorkerArgs {
     /// TOML config file (see config/worker.toml).
     #[arg(long, env = "QUIVER_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Registry gRPC URL [default: http://127.0.0.1:50051].
-    #[arg(long, env = "QUIVER_REGISTRY")]
+    /// Registry gRPC URL.
+    #[arg(long, env = "QUIVER_REGISTRY",
+        help = format!("Registry gRPC URL [default: {}]", default_registry_url()))]
     pub registry: Option<String>,
     /// Worker token for the registry (prefer QUIVER_TOKEN or --token-file:
     /// flags are visible in `ps`).
@@ -36,12 +38,6 @@ pub struct WorkerArgs {
     /// system roots].
     #[arg(long, env = "QUIVER_REGISTRY_CA")]
     pub registry_ca: Option<PathBuf>,
-    /// PEM certificate chain: serve HTTP over TLS (with --tls-key).
-    #[arg(long, env = "QUIVER_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "QUIVER_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
     /// A caller token of task "default" (repeatable; comma-separated in the env).
     #[arg(
         long = "caller-token",
@@ -54,8 +50,9 @@ pub struct WorkerArgs {
     /// and `#` comments skipped).
     #[arg(long, env = "QUIVER_CALLER_TOKEN_FILE")]
     pub caller_token_file: Option<PathBuf>,
-    /// HTTP listen address for the tool API, chat, health and metrics [default: 127.0.0.1:8090].
-    #[arg(long, env = "QUIVER_HTTP_LISTEN")]
+    /// HTTP listen address for the tool API, chat, health and metrics.
+    #[arg(long, env = "QUIVER_WORKER_HTTP_LISTEN",
+        help = format!("HTTP listen address for the tool API, chat, health and metrics [default: {DEFAULT_HTTP_LISTEN}]"))]
     pub http_listen: Option<SocketAddr>,
     /// Identity reported to the registry [default: <hostname>-<pid>].
     #[arg(long, env = "QUIVER_WORKER_ID")]
@@ -66,99 +63,18 @@ pub struct WorkerArgs {
     /// Connect this server as soon as it appears (repeatable).
     #[arg(long = "warm-up", env = "QUIVER_WARM_UP", value_delimiter = ',')]
     pub warm_up: Vec<String>,
-    /// Log format.
-    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
-    /// trace spans there as protobuf (off by default).
-    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    /// TLS of the HTTP listener.
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    /// Logging and trace export.
+    #[command(flatten)]
+    pub log: LogFlags,
     /// Chat upstream.
     #[command(flatten)]
-    pub upstream: UpstreamArgs,
+    pub upstream: UpstreamFlags,
     /// Egress allowlist of the HTTP transports.
     #[command(flatten)]
-    pub egress: EgressArgs,
-}
-
-/// Flags of the egress allowlist (shared by `quiver worker` and `quiver
-/// registry`, whose tool previews obey it). No entry anywhere allows every
-/// host; flags replace the config file's list of the same kind.
-#[derive(Args, Debug, Default)]
-pub struct EgressArgs {
-    /// Host name (glob, `*` spans dots) HTTP MCP servers may be reached on
-    /// (repeatable; comma-separated in the env) [default: every host, unless
-    /// an allowlist is set].
-    #[arg(
-        long = "egress-allow-host",
-        env = "QUIVER_EGRESS_ALLOW_HOST",
-        value_delimiter = ','
-    )]
-    pub allow_hosts: Vec<String>,
-    /// CIDR block every resolved address of an HTTP MCP server's host must
-    /// lie in, unless the host name is allowed (repeatable; comma-separated
-    /// in the env).
-    #[arg(
-        long = "egress-allow-cidr",
-        env = "QUIVER_EGRESS_ALLOW_CIDR",
-        value_delimiter = ','
-    )]
-    pub allow_cidrs: Vec<String>,
-}
-
-/// The egress allowlist from flags over the config file.
-pub fn egress_policy(
-    args: EgressArgs,
-    file: EgressSection,
-) -> anyhow::Result<quiver_mcp::egress::EgressPolicy> {
-    let pick = |flags: Vec<String>, file: Vec<String>| if flags.is_empty() { file } else { flags };
-    let hosts = pick(args.allow_hosts, file.allow_hosts);
-    let cidrs = pick(args.allow_cidrs, file.allow_cidrs);
-    Ok(quiver_mcp::egress::EgressPolicy::new(&hosts, &cidrs)?)
-}
-
-/// Flags naming the OpenAI-compatible upstream of `/v1/chat/completions`
-/// (shared by `quiver worker` and `quiver dev`).
-#[derive(Args, Debug, Default)]
-pub struct UpstreamArgs {
-    /// Base URL of the OpenAI-compatible chat API, e.g. https://api.openai.com/v1.
-    #[arg(long, env = "QUIVER_UPSTREAM_URL")]
-    pub upstream_url: Option<String>,
-    /// Environment variable holding the upstream API key [default: OPENAI_API_KEY].
-    #[arg(long, env = "QUIVER_UPSTREAM_API_KEY_ENV")]
-    pub upstream_api_key_env: Option<String>,
-}
-
-/// Upstream options from flags over the config file; `None` when no URL is
-/// configured (chat requests are then refused with 503).
-pub fn upstream_options(
-    args: UpstreamArgs,
-    file: UpstreamSection,
-) -> anyhow::Result<Option<UpstreamOptions>> {
-    let Some(url) = args.upstream_url.or(file.url) else {
-        return Ok(None);
-    };
-    let base_url = url::Url::parse(&url).with_context(|| format!("upstream url {url:?}"))?;
-    let key_env = args
-        .upstream_api_key_env
-        .or(file.api_key_env)
-        .unwrap_or_else(|| "OPENAI_API_KEY".to_owned());
-    let mut options = UpstreamOptions::new(base_url);
-    // Local providers need no key: an unset variable sends none.
-    options.api_key = std::env::var(&key_env).ok().filter(|key| !key.is_empty());
-    if let Some(retries) = file.max_retries {
-        options.max_retries = retries;
-    }
-    if let Some(secs) = file.request_timeout_secs {
-        options.request_timeout = Duration::from_secs(secs);
-    }
-    if let Some(secs) = file.connect_timeout_secs {
-        options.connect_timeout = Duration::from_secs(secs);
-    }
-    if let Some(secs) = file.max_retry_after_secs {
-        options.max_retry_after = Duration::from_secs(secs);
-    }
-    Ok(Some(options))
+    pub egress: EgressFlags,
 }
 
 fn default_worker_id() -> String {
@@ -208,11 +124,8 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             task: entry.task,
         });
     }
-    let catalog_wait = file
-        .pool
-        .catalog_wait_ms
-        .map_or(DEFAULT_CATALOG_WAIT, Duration::from_millis);
-    let pool_defaults = PoolOptions::default();
+    let defaults = WorkerOptions::default();
+    let pool_defaults = defaults.pool;
     let pool = PoolOptions {
         max_inflight_calls: file
             .pool
@@ -235,7 +148,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             .pool
             .tools_ttl_secs
             .map_or(pool_defaults.tools_ttl, Duration::from_secs),
-        egress: egress_policy(args.egress, file.egress)?,
+        egress: args.egress.policy(file.egress)?,
         ..pool_defaults
     };
     let warm_up = if args.warm_up.is_empty() {
@@ -246,7 +159,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
     let registry_url = args
         .registry
         .or(file.registry)
-        .unwrap_or_else(|| "http://127.0.0.1:50051".to_owned());
+        .unwrap_or(defaults.sync.registry_url);
     let registry_ca = config::registry_ca(
         args.registry_ca
             .or_else(|| {
@@ -262,7 +175,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         http_listen: args
             .http_listen
             .or(file.http_listen)
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8090))),
+            .unwrap_or(defaults.http_listen),
         sync: SyncOptions {
             registry_url,
             token: token.or(file.token),
@@ -271,7 +184,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
                 .worker_id
                 .or(file.worker_id)
                 .unwrap_or_else(default_worker_id),
-            ..SyncOptions::default()
+            ..defaults.sync
         },
         pool,
         callers: CallersConfig {
@@ -280,19 +193,16 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         },
         warm_up,
-        shutdown_grace: Duration::from_secs(10),
-        metrics: None,
-        upstream: upstream_options(args.upstream, file.upstream)?,
+        upstream: args.upstream.options(file.upstream)?,
         audit: file.audit.into_options(),
-        catalog_wait,
-        tls: config::server_tls(
-            args.tls_cert,
-            args.tls_key,
-            file.tls,
-            args.config.as_deref(),
-        )?,
+        catalog_wait: file
+            .pool
+            .catalog_wait_ms
+            .map_or(defaults.catalog_wait, Duration::from_millis),
+        tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
+        ..defaults
     };
-    let log = LogSettings::layered(args.log_format, args.otlp_endpoint, file.log)?;
+    let log = args.log.settings(file.log)?;
     Ok((options, log))
 }
 
@@ -302,7 +212,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let tracing_guard = telemetry::init_tracing(&log, "quiver-worker")?;
     options.metrics = Some(telemetry::init_metrics()?);
     let shutdown = CancellationToken::new();
-    tokio::spawn(super::registry::shutdown_on_signal(shutdown.clone()));
+    tokio::spawn(shutdown_on_signal(shutdown.clone()));
     let served = serve(options, shutdown).await;
     tracing_guard.shutdown();
     served

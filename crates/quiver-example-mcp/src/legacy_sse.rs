@@ -91,7 +91,7 @@ where
     S: ServerHandler,
 {
     let app = router_with_shutdown(factory, shutdown.clone());
-    axum::serve(listener.tap_io(crate::mcp_server::no_delay), app)
+    axum::serve(listener.tap_io(crate::http::no_delay), app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }

@@ -1,0 +1,187 @@
+//! Flag groups shared by several subcommands (`#[command(flatten)]`), each
+//! with the layering of its values over its config-file section: flags win
+//! over the environment, which wins over the file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use quiver_proto::tls::ServerTls;
+use quiver_upstream::UpstreamOptions;
+
+use crate::config::{self, EgressSection, LogSection, TlsFileError, TlsSection, UpstreamSection};
+use crate::telemetry::{LogFormat, LogSettings, OtlpEndpoint, TelemetryError};
+
+/// TLS of the command's listeners (`quiver registry`: gRPC and HTTP;
+/// `quiver worker`: HTTP).
+#[derive(Args, Debug, Default)]
+pub struct TlsFlags {
+    /// PEM certificate chain: serve the listeners over TLS (with --tls-key).
+    #[arg(long, env = "QUIVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "QUIVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsFlags {
+    /// The listeners' TLS from these flags over the `[tls]` section (whose
+    /// relative paths are relative to the config file `config`).
+    pub fn server_tls(
+        self,
+        section: TlsSection,
+        config: Option<&Path>,
+    ) -> Result<Option<ServerTls>, TlsFileError> {
+        config::server_tls(self.tls_cert, self.tls_key, section, config)
+    }
+}
+
+/// Logging and trace export.
+#[derive(Args, Debug, Default)]
+pub struct LogFlags {
+    /// Log format [default: text].
+    #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter: `tracing` directives such as `debug` or
+    /// `warn,quiver_mcp=debug` [default: warn,quiver=info: Quiver's own
+    /// crates at INFO, every other crate at WARN].
+    #[arg(long, env = "RUST_LOG")]
+    pub log_level: Option<String>,
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
+    /// trace spans there as protobuf (off by default).
+    #[arg(long, env = "QUIVER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl LogFlags {
+    /// These flags over the `[log]` section; an empty value means unset.
+    pub fn settings(self, file: LogSection) -> Result<LogSettings, TelemetryError> {
+        let set = |value: Option<String>| value.filter(|value| !value.trim().is_empty());
+        Ok(LogSettings {
+            format: self.log_format.or(file.format).unwrap_or_default(),
+            filter: set(self.log_level).or(set(file.level)),
+            otlp_endpoint: set(self.otlp_endpoint)
+                .or(set(file.otlp_endpoint))
+                .map(|value| OtlpEndpoint::parse(&value))
+                .transpose()?,
+        })
+    }
+}
+
+/// The egress allowlist (`quiver worker`, and `quiver registry` whose tool
+/// previews obey it). No entry anywhere allows every host; flags replace the
+/// config file's list of the same kind.
+#[derive(Args, Debug, Default)]
+pub struct EgressFlags {
+    /// Host name (glob, `*` spans dots) HTTP MCP servers may be reached on
+    /// (repeatable; comma-separated in the env) [default: every host, unless
+    /// an allowlist is set].
+    #[arg(
+        long = "egress-allow-host",
+        env = "QUIVER_EGRESS_ALLOW_HOST",
+        value_delimiter = ','
+    )]
+    pub allow_hosts: Vec<String>,
+    /// CIDR block every resolved address of an HTTP MCP server's host must
+    /// lie in, unless the host name is allowed (repeatable; comma-separated
+    /// in the env).
+    #[arg(
+        long = "egress-allow-cidr",
+        env = "QUIVER_EGRESS_ALLOW_CIDR",
+        value_delimiter = ','
+    )]
+    pub allow_cidrs: Vec<String>,
+}
+
+impl EgressFlags {
+    /// The egress allowlist from these flags over the `[egress]` section.
+    pub fn policy(self, file: EgressSection) -> anyhow::Result<quiver_mcp::egress::EgressPolicy> {
+        let pick =
+            |flags: Vec<String>, file: Vec<String>| if flags.is_empty() { file } else { flags };
+        let hosts = pick(self.allow_hosts, file.allow_hosts);
+        let cidrs = pick(self.allow_cidrs, file.allow_cidrs);
+        Ok(quiver_mcp::egress::EgressPolicy::new(&hosts, &cidrs)?)
+    }
+}
+
+/// Default of `--upstream-api-key-env`.
+const DEFAULT_UPSTREAM_API_KEY_ENV: &str = "OPENAI_API_KEY";
+
+/// The OpenAI-compatible upstream of `/v1/chat/completions` (`quiver worker`
+/// and `quiver dev`).
+#[derive(Args, Debug, Default)]
+pub struct UpstreamFlags {
+    /// Base URL of the OpenAI-compatible chat API, e.g. https://api.openai.com/v1.
+    #[arg(long, env = "QUIVER_UPSTREAM_URL")]
+    pub upstream_url: Option<String>,
+    /// Environment variable holding the upstream API key [default: OPENAI_API_KEY].
+    #[arg(long, env = "QUIVER_UPSTREAM_API_KEY_ENV")]
+    pub upstream_api_key_env: Option<String>,
+}
+
+impl UpstreamFlags {
+    /// Upstream options from these flags over the `[upstream]` section;
+    /// `None` when no URL is configured (chat requests are then refused with
+    /// 503).
+    pub fn options(self, file: UpstreamSection) -> anyhow::Result<Option<UpstreamOptions>> {
+        let Some(url) = self.upstream_url.or(file.url) else {
+            return Ok(None);
+        };
+        let base_url = url::Url::parse(&url).with_context(|| format!("upstream url {url:?}"))?;
+        let key_env = self
+            .upstream_api_key_env
+            .or(file.api_key_env)
+            .unwrap_or_else(|| DEFAULT_UPSTREAM_API_KEY_ENV.to_owned());
+        let mut options = UpstreamOptions::new(base_url);
+        // Local providers need no key: an unset variable sends none.
+        options.api_key = std::env::var(&key_env).ok().filter(|key| !key.is_empty());
+        if let Some(retries) = file.max_retries {
+            options.max_retries = retries;
+        }
+        if let Some(secs) = file.request_timeout_secs {
+            options.request_timeout = Duration::from_secs(secs);
+        }
+        if let Some(secs) = file.connect_timeout_secs {
+            options.connect_timeout = Duration::from_secs(secs);
+        }
+        if let Some(secs) = file.max_retry_after_secs {
+            options.max_retry_after = Duration::from_secs(secs);
+        }
+        Ok(Some(options))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_flags_beat_the_config_and_empty_means_unset() {
+        let file = LogSection {
+            format: Some(LogFormat::Json),
+            level: Some("debug".to_owned()),
+            otlp_endpoint: Some("http://file:4318".to_owned()),
+        };
+        let flags = LogFlags {
+            log_format: None,
+            log_level: Some("trace".to_owned()),
+            otlp_endpoint: Some("http://flag:4318".to_owned()),
+        };
+        let settings = flags.settings(file).unwrap();
+        assert_eq!(settings.format, LogFormat::Json);
+        assert_eq!(settings.filter.as_deref(), Some("trace"));
+        let url = settings.otlp_endpoint.map(|e| e.traces_url().to_string());
+        assert_eq!(url.as_deref(), Some("http://flag:4318/v1/traces"));
+
+        let empty = LogFlags {
+            log_level: Some(String::new()),
+            otlp_endpoint: Some(String::new()),
+            ..LogFlags::default()
+        };
+        let settings = empty.settings(LogSection::default()).unwrap();
+        assert_eq!(settings.format, LogFormat::Text);
+        assert!(settings.filter.is_none());
+        assert!(settings.otlp_endpoint.is_none());
+    }
+}
