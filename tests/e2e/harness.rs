@@ -435,6 +435,11 @@ impl RegistryProcess {
         format!("http://{}", self.http)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> Pid {
+        self.process.pid()
+    }
+
     /// A client on a new channel, with `token` as bearer credential.
     pub async fn client(&self, token: Option<&str>) -> Client {
         connect(&self.grpc_url(), token).await

@@ -14,6 +14,7 @@ mod deployment;
 mod faults;
 mod graceful_shutdown;
 mod harness;
+mod listeners;
 mod hostile_calls;
 mod hostile_servers;
 mod metrics;

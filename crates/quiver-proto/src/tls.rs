@@ -2,30 +2,18 @@
 //! registry client.
 //!
 //! A [`ServerTls`] holds a PEM certificate chain and private key, checked
-//! once at start-up; it configures the registry's gRPC listener
-//! ([`ServerTls::grpc_config`]) and the HTTP listeners of registry and worker
-//! ([`TlsListener`], served by `axum::serve`). [`client_tls`] configures the
-//! worker's gRPC client for an `https://` registry.
+//! once at start-up; its [`ServerTls::acceptor`] handshakes the connections
+//! of the registry's and the worker's listeners (`quiver-listen`, which
+//! bounds handshakes like any other connection). [`client_tls`] configures
+//! the worker's gRPC client for an `https://` registry.
 
-use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::server::TlsStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
-
-/// How long a client may take to complete its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Handshaken connections waiting for the HTTP server to accept them.
-const ACCEPT_QUEUE: usize = 64;
+use tonic::transport::{Certificate, ClientTlsConfig};
 
 /// A certificate or key that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +38,6 @@ pub enum TlsError {
 /// A server certificate chain and key, validated.
 #[derive(Clone)]
 pub struct ServerTls {
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
     acceptor: TlsAcceptor,
 }
 
@@ -80,17 +66,13 @@ impl ServerTls {
             .map_err(|err| TlsError::Pair(err.to_string()))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(ServerTls {
-            cert_pem: cert_pem.to_vec(),
-            key_pem: key_pem.to_vec(),
             acceptor: TlsAcceptor::from(Arc::new(config)),
         })
     }
 
-    /// The TLS configuration of a tonic server.
-    pub fn grpc_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .timeout(HANDSHAKE_TIMEOUT)
+    /// The acceptor of server connections (ALPN: `h2`, `http/1.1`).
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor.clone()
     }
 }
 
@@ -110,83 +92,6 @@ pub fn client_tls(ca_pem: Option<&[u8]>) -> Result<ClientTlsConfig, TlsError> {
             Ok(config.ca_certificate(Certificate::from_pem(pem)))
         }
         None => Ok(config.with_native_roots()),
-    }
-}
-
-/// A TCP listener whose connections are TLS handshaken before `axum::serve`
-/// sees them. Handshakes run concurrently (a slow client does not hold up
-/// the others) and are bounded by a timeout; failed ones are logged at debug
-/// level and dropped.
-pub struct TlsListener {
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local_addr: io::Result<SocketAddr>,
-}
-
-impl TlsListener {
-    /// Starts accepting on `listener` (from the current tokio runtime); the
-    /// accept task ends when the returned listener is dropped.
-    pub fn new(listener: TcpListener, tls: &ServerTls) -> Self {
-        let local_addr = listener.local_addr();
-        let (sender, accepted) = mpsc::channel(ACCEPT_QUEUE);
-        tokio::spawn(accept_loop(listener, tls.acceptor.clone(), sender));
-        TlsListener {
-            accepted,
-            local_addr,
-        }
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    sender: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            () = sender.closed() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                // Typically out of file descriptors: back off instead of spinning.
-                tracing::warn!(error = %err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Small JSON answers: never wait for delayed ACKs.
-        let _ = tcp.set_nodelay(true);
-        let (acceptor, sender) = (acceptor.clone(), sender.clone());
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    let _ = sender.send((stream, peer)).await;
-                }
-                Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(accepted) => accepted,
-            // The accept task only ends once this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        match &self.local_addr {
-            Ok(addr) => Ok(*addr),
-            Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
-        }
     }
 }
 

@@ -2,7 +2,6 @@
 //! `mcp.d`, runs background tasks (rescans, compaction) and shuts everything
 //! down through one cancellation token.
 
-use axum::serve::ListenerExt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
-use quiver_proto::tls::TlsListener;
+use quiver_listen::{Connections, Listener, ListenerOptions};
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_store::Store;
 use serde_json::json;
@@ -70,6 +69,9 @@ pub struct RegistryOptions {
     /// Serve both listeners (gRPC and HTTP) over TLS with this certificate;
     /// `None` (the default) serves plaintext.
     pub tls: Option<quiver_proto::tls::ServerTls>,
+    /// Timeouts and the connection cap of both listeners (one cap for the
+    /// two together).
+    pub listener: ListenerOptions,
 }
 
 impl Default for RegistryOptions {
@@ -88,6 +90,7 @@ impl Default for RegistryOptions {
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
             workers: crate::workers::WorkerBoardOptions::default(),
             tls: None,
+            listener: ListenerOptions::default(),
         }
     }
 }
@@ -120,6 +123,7 @@ pub struct Registry {
     options: RegistryOptions,
     grpc_listener: TcpListener,
     http_listener: TcpListener,
+    connections: Connections,
     shutdown: CancellationToken,
 }
 
@@ -137,6 +141,8 @@ impl Registry {
         options: RegistryOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, ServeError> {
+        // First: raises the descriptor limit the cap is derived from.
+        let connections = Connections::new(options.listener.clone());
         let grpc_listener = bind(options.grpc_listen).await?;
         let http_listener = bind(options.http_listen).await?;
         let addrs = [local_addr(&grpc_listener)?, local_addr(&http_listener)?];
@@ -154,6 +160,7 @@ impl Registry {
             options,
             grpc_listener,
             http_listener,
+            connections,
             shutdown,
         })
     }
@@ -190,6 +197,7 @@ impl Registry {
             options,
             grpc_listener,
             http_listener,
+            connections,
             shutdown,
         } = self;
         spawn_rescans(&state, options.rescan_interval, shutdown.clone());
@@ -205,70 +213,42 @@ impl Registry {
         health_reporter
             .set_serving::<McpRegistryServiceServer<GrpcService>>()
             .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(quiver_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|err| ServeError::Serve(format!("grpc reflection: {err}")))?;
-        let mut grpc = tonic::transport::Server::builder();
-        if let Some(tls) = &options.tls {
-            grpc = grpc
-                .tls_config(tls.grpc_config())
-                .map_err(|err| ServeError::Serve(format!("grpc tls: {err}")))?;
-        }
-        let grpc = grpc
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(health_service)
-            .add_service(reflection)
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(quiver_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_error = |err| ServeError::Serve(format!("grpc reflection: {err}"));
+        // Both reflection versions: grpcurl speaks v1, Python's
+        // grpcio-reflection only v1alpha.
+        let grpc_routes = tonic::service::Routes::new(health_service)
+            .add_service(reflection().build_v1().map_err(reflection_error)?)
+            .add_service(reflection().build_v1alpha().map_err(reflection_error)?)
             .add_service(McpRegistryServiceServer::new(GrpcService::new(
                 state.clone(),
-            )))
-            .serve_with_incoming_shutdown(
-                // With an external listener tonic does not apply its own
-                // TCP_NODELAY default: without it, a watch event sent right
-                // after a unary response on the same connection waits for the
-                // client's delayed ACK (~40 ms).
-                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                shutdown.clone().cancelled_owned(),
+            )));
+        let tls = options.tls.as_ref().map(quiver_proto::tls::ServerTls::acceptor);
+        let grpc = Listener::new("registry_grpc", grpc_listener, &connections)
+            .http2_only()
+            .with_tls(tls.clone())
+            .serve(grpc_routes.into_axum_router(), shutdown.clone());
+        let http = Listener::new("registry_http", http_listener, &connections)
+            .with_tls(tls)
+            .serve(
+                http_router(state, options.metrics.clone()),
+                shutdown.clone(),
             );
 
-        let app = http_router(state, options.metrics.clone());
-        let http: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
-            match &options.tls {
-                Some(tls) => Box::pin(
-                    axum::serve(TlsListener::new(http_listener, tls), app)
-                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                        .into_future(),
-                ),
-                None => Box::pin(
-                    axum::serve(
-                        http_listener.tap_io(|tcp| {
-                            // Small JSON answers: never wait for delayed ACKs.
-                            let _ = tcp.set_nodelay(true);
-                        }),
-                        app,
-                    )
-                    .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                    .into_future(),
-                ),
-            };
-
-        let servers = async {
-            let (grpc, http) = tokio::join!(grpc, http);
-            grpc.map_err(|err| ServeError::Serve(format!("grpc server: {err}")))?;
-            http.map_err(|err| ServeError::Serve(format!("http server: {err}")))
-        };
-        tokio::pin!(servers);
         tokio::select! {
-            result = &mut servers => result,
+            ((), ()) = async { tokio::join!(grpc, http) } => {}
             () = async {
                 shutdown.cancelled().await;
                 tokio::time::sleep(options.shutdown_grace).await;
             } => {
                 tracing::warn!("shutdown grace period over; closing remaining connections");
-                Ok(())
             }
         }
+        Ok(())
     }
 }
 

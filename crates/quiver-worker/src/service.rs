@@ -1,12 +1,12 @@
 //! The worker process: registry sync, the MCP pool fed by its snapshots, and
 //! the HTTP API, stopped through one cancellation token.
 
-use axum::serve::ListenerExt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use quiver_listen::{Connections, Listener, ListenerOptions};
 use quiver_mcp::{McpPool, PoolOptions};
 use quiver_sync::{SnapshotHandle, SyncOptions, SyncService};
 use quiver_upstream::{Upstream, UpstreamConfigError, UpstreamOptions};
@@ -47,6 +47,8 @@ pub struct WorkerOptions {
     /// Serve the HTTP listener over TLS with this certificate; `None`
     /// serves plaintext.
     pub tls: Option<quiver_proto::tls::ServerTls>,
+    /// Timeouts and the connection cap of the HTTP listener.
+    pub listener: ListenerOptions,
 }
 
 /// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
@@ -75,6 +77,7 @@ impl Default for WorkerOptions {
             audit: AuditOptions::default(),
             catalog_wait: DEFAULT_CATALOG_WAIT,
             tls: None,
+            listener: ListenerOptions::default(),
         }
     }
 }
@@ -107,6 +110,7 @@ pub enum WorkerError {
 /// A worker whose listener is bound; [`Worker::run`] serves it.
 pub struct Worker {
     listener: TcpListener,
+    connections: Connections,
     sync: SyncService,
     state: ApiState,
     options: WorkerOptions,
@@ -119,6 +123,8 @@ impl Worker {
         options: WorkerOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, WorkerError> {
+        // First: raises the descriptor limit the cap is derived from.
+        let connections = Connections::new(options.listener.clone());
         let listener = TcpListener::bind(options.http_listen)
             .await
             .map_err(|source| WorkerError::Bind {
@@ -140,6 +146,7 @@ impl Worker {
         };
         Ok(Worker {
             listener,
+            connections,
             sync,
             state,
             options,
@@ -170,6 +177,7 @@ impl Worker {
     pub async fn run(self) -> Result<(), WorkerError> {
         let Worker {
             listener,
+            connections,
             sync,
             state,
             options,
@@ -184,35 +192,19 @@ impl Worker {
         ));
         let pool = state.runner.pool().clone();
         let app = router(state);
-        let served: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
-            match &options.tls {
-                Some(tls) => Box::pin(
-                    axum::serve(quiver_proto::tls::TlsListener::new(listener, tls), app)
-                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                        .into_future(),
-                ),
-                None => Box::pin(
-                    axum::serve(
-                        listener.tap_io(|tcp| {
-                            // Answers are small and latency-bound: never wait for delayed ACKs.
-                            let _ = tcp.set_nodelay(true);
-                        }),
-                        app,
-                    )
-                    .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                    .into_future(),
-                ),
-            };
-        let result = tokio::select! {
-            result = served => result.map_err(WorkerError::Serve),
+        let served = Listener::new("worker_http", listener, &connections)
+            .with_tls(options.tls.as_ref().map(quiver_proto::tls::ServerTls::acceptor))
+            .serve(app, shutdown.clone());
+        tokio::select! {
+            () = served => {}
             () = async {
                 shutdown.cancelled().await;
                 tokio::time::sleep(options.shutdown_grace).await;
-            } => Ok(()),
-        };
+            } => {}
+        }
         pool.shutdown().await;
         let _ = syncing.await;
-        result
+        Ok(())
     }
 }
 

@@ -2,11 +2,13 @@
 //! with the layering of its values over its config-file section: flags win
 //! over the environment, which wins over the file.
 
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use quiver_listen::ListenerOptions;
 use quiver_proto::tls::ServerTls;
 use quiver_upstream::UpstreamOptions;
 
@@ -34,6 +36,40 @@ impl TlsFlags {
         config: Option<&Path>,
     ) -> Result<Option<ServerTls>, TlsFileError> {
         config::server_tls(self.tls_cert, self.tls_key, section, config)
+    }
+}
+
+/// Bounds of the command's listeners against slow, idle and too many peers.
+#[derive(Args, Debug, Default)]
+pub struct ListenerFlags {
+    /// Open connections of all the command's listeners together; at the cap
+    /// the oldest connection not serving a request is closed to make room
+    /// [default: the descriptor limit minus 512, at most 16384].
+    #[arg(long, env = "QUIVER_MAX_CONNECTIONS")]
+    pub max_connections: Option<NonZeroUsize>,
+    /// Milliseconds a new connection has to deliver its first complete
+    /// request head (TLS handshake and HTTP/2 preface included) [default: 10000].
+    #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<NonZeroU64>,
+    /// Milliseconds a connection may stay open with no request in flight
+    /// [default: 60000].
+    #[arg(long, env = "QUIVER_CONNECTION_IDLE_TIMEOUT_MS")]
+    pub connection_idle_timeout_ms: Option<NonZeroU64>,
+}
+
+impl ListenerFlags {
+    /// The listener options these flags set, defaults elsewhere.
+    pub fn options(self) -> ListenerOptions {
+        let defaults = ListenerOptions::default();
+        let millis = |ms: Option<NonZeroU64>, default| {
+            ms.map_or(default, |ms| Duration::from_millis(ms.get()))
+        };
+        ListenerOptions {
+            max_connections: self.max_connections.map(NonZeroUsize::get),
+            header_read_timeout: millis(self.header_read_timeout_ms, defaults.header_read_timeout),
+            idle_timeout: millis(self.connection_idle_timeout_ms, defaults.idle_timeout),
+            ..defaults
+        }
     }
 }
 

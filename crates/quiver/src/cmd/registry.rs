@@ -13,7 +13,7 @@ use quiver_registry::state::McpDir;
 use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::flags::{EgressFlags, LogFlags, TlsFlags};
+use super::flags::{EgressFlags, ListenerFlags, LogFlags, TlsFlags};
 use super::signals::{shutdown_on_signal, take_over_sighup};
 use crate::config::{self, RegistryFile};
 use crate::telemetry::{self, LogSettings};
@@ -74,6 +74,9 @@ pub struct RegistryArgs {
     /// TLS of the gRPC and HTTP listeners.
     #[command(flatten)]
     pub tls: TlsFlags,
+    /// Timeouts and connection cap of the gRPC and HTTP listeners.
+    #[command(flatten)]
+    pub listener: ListenerFlags,
     /// Logging and trace export.
     #[command(flatten)]
     pub log: LogFlags,
@@ -155,6 +158,7 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         change_log_retention: retention.filter(|&n| n > 0),
         preview_egress: args.egress.policy(file.egress)?,
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
+        listener: args.listener.options(),
         ..defaults
     };
     Ok(RegistrySettings {

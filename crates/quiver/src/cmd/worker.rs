@@ -12,7 +12,7 @@ use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
 use quiver_worker::{DEFAULT_HTTP_LISTEN, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::flags::{EgressFlags, LogFlags, TlsFlags, UpstreamFlags};
+use super::flags::{EgressFlags, ListenerFlags, LogFlags, TlsFlags, UpstreamFlags};
 use super::signals::shutdown_on_signal;
 use crate::config::{self, WorkerFile};
 use crate::telemetry::{self, LogSettings};
@@ -66,6 +66,9 @@ pub struct WorkerArgs {
     /// TLS of the HTTP listener.
     #[command(flatten)]
     pub tls: TlsFlags,
+    /// Timeouts and connection cap of the HTTP listener.
+    #[command(flatten)]
+    pub listener: ListenerFlags,
     /// Logging and trace export.
     #[command(flatten)]
     pub log: LogFlags,
@@ -200,6 +203,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             .catalog_wait_ms
             .map_or(defaults.catalog_wait, Duration::from_millis),
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
+        listener: args.listener.options(),
         ..defaults
     };
     let log = args.log.settings(file.log)?;
