@@ -13,7 +13,7 @@ use quiver_proto::tls::ServerTls;
 use quiver_upstream::UpstreamOptions;
 
 use crate::config::{self, EgressSection, LogSection, TlsFileError, TlsSection, UpstreamSection};
-use crate::telemetry::{LogFormat, LogSettings, OtlpEndpoint, TelemetryError};
+use crate::telemetry::{DEFAULT_LOG_FILTER, LogFormat, LogSettings, OtlpEndpoint, TelemetryError};
 
 /// TLS of the command's listeners (`quiver registry`: gRPC and HTTP;
 /// `quiver worker`: HTTP).
@@ -80,9 +80,9 @@ pub struct LogFlags {
     #[arg(long, env = "QUIVER_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
     /// Log filter: `tracing` directives such as `debug` or
-    /// `warn,quiver_mcp=debug` [default: warn,quiver=info: Quiver's own
-    /// crates at INFO, every other crate at WARN].
-    #[arg(long, env = "RUST_LOG")]
+    /// `warn,quiver_mcp=debug`.
+    #[arg(long, env = "RUST_LOG",
+        help = format!("Log filter: `tracing` directives such as `debug` or `warn,quiver_mcp=debug` [default: {DEFAULT_LOG_FILTER}: Quiver's own crates at INFO, every other crate at WARN]"))]
     pub log_level: Option<String>,
     /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318): export
     /// trace spans there as protobuf (off by default).
@@ -151,8 +151,9 @@ pub struct UpstreamFlags {
     /// Base URL of the OpenAI-compatible chat API, e.g. https://api.openai.com/v1.
     #[arg(long, env = "QUIVER_UPSTREAM_URL")]
     pub upstream_url: Option<String>,
-    /// Environment variable holding the upstream API key [default: OPENAI_API_KEY].
-    #[arg(long, env = "QUIVER_UPSTREAM_API_KEY_ENV")]
+    /// Environment variable holding the upstream API key.
+    #[arg(long, env = "QUIVER_UPSTREAM_API_KEY_ENV",
+        help = format!("Environment variable holding the upstream API key [default: {DEFAULT_UPSTREAM_API_KEY_ENV}]"))]
     pub upstream_api_key_env: Option<String>,
 }
 

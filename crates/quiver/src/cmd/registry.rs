@@ -65,11 +65,15 @@ pub struct RegistryArgs {
     /// Validate mcp.d and print the changes it would make, then exit.
     #[arg(long)]
     pub dry_run: bool,
-    /// Periodic mcp.d rescan in seconds, 0 to disable [default: 30].
-    #[arg(long, env = "QUIVER_RESCAN_INTERVAL_SECS")]
+    /// Periodic mcp.d rescan in seconds, 0 to disable.
+    #[arg(long, env = "QUIVER_RESCAN_INTERVAL_SECS",
+        help = format!("Periodic mcp.d rescan in seconds, 0 to disable [default: {}]",
+            RegistryOptions::default().rescan_interval.map_or(0, |every| every.as_secs())))]
     pub rescan_interval_secs: Option<u64>,
-    /// Watch heartbeat period in seconds [default: 15].
-    #[arg(long, env = "QUIVER_HEARTBEAT_SECS")]
+    /// Watch heartbeat period in seconds.
+    #[arg(long, env = "QUIVER_HEARTBEAT_SECS",
+        help = format!("Watch heartbeat period in seconds [default: {}]",
+            FeedOptions::default().heartbeat.as_secs()))]
     pub heartbeat_secs: Option<u64>,
     /// TLS of the gRPC and HTTP listeners.
     #[command(flatten)]
