@@ -72,6 +72,12 @@ impl CallError {
     }
 }
 
+impl From<&CallError> for ErrorObject {
+    fn from(err: &CallError) -> Self {
+        ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable())
+    }
+}
+
 /// A call that reached the server and got an answer.
 #[derive(Debug, Clone)]
 pub struct CallDone {

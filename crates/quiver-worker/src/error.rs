@@ -2,15 +2,14 @@
 //! `{"error": {"code", "message", "retryable", "field"?, …}}`, whether it is
 //! an HTTP answer, an SSE event or the content of a chat tool message. The
 //! HTTP edge adds the status ([`crate::http`]); this type knows nothing of
-//! HTTP so the domain modules can build it too.
+//! HTTP so the domain modules can build it too. Each error type converts
+//! itself (`From<&CallError>` in `call`, …); this module imports none of
+//! them, so no module imports back.
 
 use quiver_mcp::ErrorCode;
 use quiver_upstream::UpstreamError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-
-use crate::call::CallError;
-use crate::chat::RequestError;
 
 /// The error object: a code from the [`ErrorCode`] table, a message for
 /// people, whether retrying may help, the request field at fault, and
@@ -72,18 +71,6 @@ impl ErrorObject {
     /// The whole body, `{"error": {…}}`.
     pub fn to_body(&self) -> Value {
         json!({ "error": self.to_value() })
-    }
-}
-
-impl From<&CallError> for ErrorObject {
-    fn from(err: &CallError) -> Self {
-        ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable())
-    }
-}
-
-impl From<&RequestError> for ErrorObject {
-    fn from(err: &RequestError) -> Self {
-        ErrorObject::new(err.code, err.message.clone()).with_field(err.field.clone())
     }
 }
 

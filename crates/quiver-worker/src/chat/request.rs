@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::auth::Task;
+use crate::error::ErrorObject;
 
 /// A request refused before anything was sent upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +42,12 @@ impl RequestError {
             message: format!("mcp.{message}"),
             field,
         }
+    }
+}
+
+impl From<&RequestError> for ErrorObject {
+    fn from(err: &RequestError) -> Self {
+        ErrorObject::new(err.code, err.message.clone()).with_field(err.field.clone())
     }
 }
 
@@ -478,8 +485,8 @@ mod proptests {
     use std::sync::Arc;
 
     use proptest::prelude::*;
-    use quiver_model::budget::BudgetLimits;
     use quiver_mcp::ErrorCode;
+    use quiver_model::budget::BudgetLimits;
     use quiver_model::policy::{CompiledTaskPolicy, TaskPolicy};
     use quiver_testkit::fuzz::{self, cases};
 
@@ -560,7 +567,10 @@ mod proptests {
                 continue;
             };
             prop_assert!(
-                matches!(err.code, ErrorCode::InvalidRequest | ErrorCode::McpPolicyDenied),
+                matches!(
+                    err.code,
+                    ErrorCode::InvalidRequest | ErrorCode::McpPolicyDenied
+                ),
                 "{err:?}"
             );
             prop_assert!(!err.message.is_empty(), "{err:?}");

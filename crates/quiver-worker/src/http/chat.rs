@@ -13,8 +13,9 @@ use futures::StreamExt;
 use crate::call::CallContext;
 use crate::chat::{Chat, ChatAnswer, ChatError, ChatStream};
 use crate::error::ErrorObject;
+use crate::http::error::ApiError;
 use crate::http::extract::{Body, Caller, REQUEST_ID, RequestId, SessionId};
-use crate::http::{ApiError, ApiState};
+use crate::http::state::ApiState;
 
 /// The handler; every answer carries the request id.
 pub async fn completions(

@@ -12,7 +12,8 @@ use quiver_mcp::ErrorCode;
 
 use crate::auth::Task;
 use crate::error::ErrorObject;
-use crate::http::{ApiError, ApiState};
+use crate::http::error::ApiError;
+use crate::http::state::ApiState;
 
 /// The header carrying a request's id, taken from the caller when it sends
 /// a usable one.

@@ -8,7 +8,8 @@ use quiver_mcp::ErrorCode;
 use serde_json::json;
 
 use crate::error::ErrorObject;
-use crate::http::{ApiError, ApiState};
+use crate::http::error::ApiError;
+use crate::http::state::ApiState;
 
 /// `GET /healthz`.
 pub async fn healthz() -> &'static str {

@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::http::ApiState;
 use crate::http::extract::Caller;
+use crate::http::state::ApiState;
 
 /// The handler.
 pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Response {

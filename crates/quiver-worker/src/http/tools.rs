@@ -14,8 +14,9 @@ use serde_json::{Value, json};
 
 use crate::call::{CallContext, CallError, ToolCall};
 use crate::error::ErrorObject;
+use crate::http::error::ApiError;
 use crate::http::extract::{Body, Caller, Query, RequestId, SessionId};
-use crate::http::{ApiError, ApiState};
+use crate::http::state::ApiState;
 
 /// The query of a listing.
 #[derive(Deserialize)]

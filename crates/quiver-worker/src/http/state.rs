@@ -1,0 +1,25 @@
+//! What the handlers share.
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use quiver_sync::SnapshotHandle;
+use quiver_upstream::Upstream;
+
+use crate::auth::Callers;
+use crate::call::ToolRunner;
+
+/// The state of the worker's HTTP edge.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The registry snapshot.
+    pub snapshot: SnapshotHandle,
+    /// Runs tools over the MCP pool.
+    pub runner: ToolRunner,
+    /// Caller credentials.
+    pub callers: Arc<Callers>,
+    /// The chat upstream, when configured.
+    pub upstream: Option<Upstream>,
+    /// Prometheus recorder, when installed.
+    pub metrics: Option<PrometheusHandle>,
+}
