@@ -215,6 +215,8 @@ display_name = "Files"
 transport = "stdio"
 allowed_tools = ["read_*"]
 denied_tools = ["read_secret*"]
+allowed_resources = ["file:///data/*.md", "ui://*"]
+allowed_prompts = ["summarize*"]
 approval_policy = "policy"
 approval_tools = { "write_*" = "always" }
 isolation = "per_session"
@@ -252,6 +254,8 @@ max_concurrency = 2
         assert_eq!(spec.budgets.max_concurrency, 2);
         assert_eq!(spec.budgets.tool_timeout_ms, 30_000);
         assert_eq!(spec.transform.len(), 3);
+        assert_eq!(spec.allowed_resources, ["file:///data/*.md", "ui://*"]);
+        assert_eq!(spec.allowed_prompts, ["summarize*"]);
         // TOML rendering round-trips too.
         let again = parse_record(&spec.to_toml(), Format::Toml, Strictness::Strict).unwrap();
         assert_eq!(again.spec, spec);
@@ -268,6 +272,8 @@ max_concurrency = 2
         .spec;
         assert!(spec.enabled);
         assert!(spec.allowed_tools.is_empty());
+        assert!(spec.allowed_resources.is_empty());
+        assert!(spec.allowed_prompts.is_empty());
         assert_eq!(spec.effective_tool_namespace(), "mcp.a");
         assert_eq!(spec.budgets, crate::record::Budgets::default());
     }
@@ -279,6 +285,14 @@ max_concurrency = 2
         assert_eq!(lenient.ignored_fields, ["colour", "stdio.shell"]);
         let err = parse_record(text, Format::Toml, Strictness::Strict).unwrap_err();
         assert_eq!(field_list(&err), ["colour", "stdio.shell"]);
+        // A misspelt list is not silently an empty (deny-all) one in strict mode.
+        let typo = "server_id = \"a\"\ntransport = \"stdio\"\nallowed_resource = [\"ui://*\"]\nallowed_prompts = [\"greet\"]\n[stdio]\ncommand = \"x\"\n";
+        let lenient = parse_record(typo, Format::Toml, Strictness::Lenient).unwrap();
+        assert_eq!(lenient.ignored_fields, ["allowed_resource"]);
+        assert!(lenient.spec.allowed_resources.is_empty());
+        assert_eq!(lenient.spec.allowed_prompts, ["greet"]);
+        let err = parse_record(typo, Format::Toml, Strictness::Strict).unwrap_err();
+        assert_eq!(field_list(&err), ["allowed_resource"]);
     }
 
     #[test]
@@ -297,6 +311,18 @@ max_concurrency = 2
             (
                 "server_id = \"a\"\ntransport = \"stdio\"\nallowed_tools = [\"x\", 3]\n[stdio]\ncommand = \"x\"",
                 "allowed_tools[1]",
+            ),
+            (
+                "server_id = \"a\"\ntransport = \"stdio\"\nallowed_resources = [\"ui://*\", false]\n[stdio]\ncommand = \"x\"",
+                "allowed_resources[1]",
+            ),
+            (
+                "server_id = \"a\"\ntransport = \"stdio\"\nallowed_prompts = \"greet\"\n[stdio]\ncommand = \"x\"",
+                "allowed_prompts",
+            ),
+            (
+                "server_id = \"a\"\ntransport = \"stdio\"\nallowed_resources = [\"ui://*\", \"ui://[\"]\n[stdio]\ncommand = \"x\"",
+                "allowed_resources[1]",
             ),
             (
                 "server_id = \"a\"\ntransport = \"stdio\"\n[stdio]\ncommand = \"x\"\n[budgets]\nmax_concurrency = -1",

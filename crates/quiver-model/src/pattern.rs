@@ -1,7 +1,12 @@
-//! Tool-name patterns (`allowed_tools`, `denied_tools`, task and session lists).
+//! The record's patterns: tool names (`allowed_tools`, `denied_tools`, task
+//! and session lists), prompt names (`allowed_prompts`) and resource URIs
+//! (`allowed_resources`).
 //!
-//! `*` matches any substring (dots included, so `*.search*` spans server ids);
-//! the other glob syntax of `globset` (`?`, `[abc]`, `{a,b}`) is accepted too.
+//! A pattern matches the whole subject, case-sensitively. `*` matches any
+//! substring (dots and slashes included, so `*.search*` spans server ids and
+//! `file:///data/*` spans directories); the other glob syntax of `globset`
+//! (`?`, `[abc]`, `{a,b}`) is accepted too, and a backslash makes the next
+//! character literal (`\?` for a URI's query mark).
 
 use globset::{Glob, GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
 

@@ -16,6 +16,11 @@
 //! [`evaluate`] is the one decision used for the registry's tool preview, the
 //! worker's tool listing and the worker's call routing, so the three never
 //! disagree.
+//!
+//! Resources and prompts (served by the planned MCP gateway, docs/reference.md
+//! §13.5) have only the record layer so far: [`ServerContentFilter`] compiles
+//! `allowed_resources` / `allowed_prompts`, again default deny. Task policies
+//! and session filters do not narrow them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -112,6 +117,41 @@ impl ServerToolFilter {
             return Err(RejectReason::NotInAllowedTools);
         }
         Ok(())
+    }
+}
+
+/// A record's `allowed_resources` and `allowed_prompts`, compiled: which of
+/// the server's resources and prompts callers may use besides its tools.
+///
+/// Resource patterns match the whole URI as the server lists it and prompt
+/// patterns the prompt name, both case-sensitively, with the syntax of
+/// [`crate::pattern`] (`*` matches any substring, `/` included). An empty
+/// list allows nothing. This is the only layer for resources and prompts;
+/// whether the server itself may be used is [`server_selected`]'s decision.
+#[derive(Debug, Clone)]
+pub struct ServerContentFilter {
+    resources: PatternSet,
+    prompts: PatternSet,
+}
+
+impl ServerContentFilter {
+    /// Compiles the record's lists. Stored records were validated, so this
+    /// only fails for a record that skipped validation.
+    pub fn new(spec: &McpServerSpec) -> Result<Self, PatternError> {
+        Ok(ServerContentFilter {
+            resources: PatternSet::new(&spec.allowed_resources)?,
+            prompts: PatternSet::new(&spec.allowed_prompts)?,
+        })
+    }
+
+    /// Whether the resource at `uri` may be listed and read.
+    pub fn allows_resource(&self, uri: &str) -> bool {
+        self.resources.matches(uri)
+    }
+
+    /// Whether the prompt `name` may be listed and got.
+    pub fn allows_prompt(&self, name: &str) -> bool {
+        self.prompts.matches(name)
     }
 }
 
@@ -945,6 +985,65 @@ mod tests {
             reason(&qualified, &open, None, "read_file"),
             RejectReason::NotInAllowedTools
         );
+    }
+
+    fn content(resources: &[&str], prompts: &[&str]) -> ServerContentFilter {
+        let mut spec = spec("fs", &["*"], &[]);
+        spec.allowed_resources = strings(resources);
+        spec.allowed_prompts = strings(prompts);
+        ServerContentFilter::new(&spec).unwrap()
+    }
+
+    #[test]
+    fn resources_and_prompts_are_default_deny_whatever_the_tools_allow() {
+        let nothing = content(&[], &[]);
+        assert!(!nothing.allows_resource("file:///data/a.md"));
+        assert!(!nothing.allows_resource(""));
+        assert!(!nothing.allows_prompt("summarize"));
+    }
+
+    #[test]
+    fn resource_patterns_match_the_whole_uri() {
+        let filter = content(&["file:///data/*.md", "ui://*"], &[]);
+        for uri in [
+            "file:///data/a.md",
+            // `*` spans path segments.
+            "file:///data/2025/notes.md",
+            "ui://widget/chart",
+            "ui://",
+        ] {
+            assert!(filter.allows_resource(uri), "{uri}");
+        }
+        for uri in [
+            "file:///data/a.mdx",
+            "file:///other/data/a.md",
+            "FILE:///data/a.md",
+            "uix://widget",
+            "https://example.com/ui://x",
+        ] {
+            assert!(!filter.allows_resource(uri), "{uri}");
+        }
+    }
+
+    #[test]
+    fn uri_question_marks_need_escaping_to_be_literal() {
+        let escaped = content(&[r"https://api.example.com/items\?page=*"], &[]);
+        assert!(escaped.allows_resource("https://api.example.com/items?page=2"));
+        assert!(!escaped.allows_resource("https://api.example.com/itemsXpage=2"));
+        // Unescaped, `?` is any one character: the literal URI still matches.
+        let loose = content(&["https://api.example.com/items?page=*"], &[]);
+        assert!(loose.allows_resource("https://api.example.com/items?page=2"));
+        assert!(loose.allows_resource("https://api.example.com/itemsXpage=2"));
+    }
+
+    #[test]
+    fn prompt_patterns_match_names() {
+        let filter = content(&[], &["summarize*", "greet"]);
+        assert!(filter.allows_prompt("summarize_pr"));
+        assert!(filter.allows_prompt("greet"));
+        assert!(!filter.allows_prompt("greeting"));
+        assert!(!filter.allows_prompt("Summarize"));
+        assert!(!filter.allows_resource("greet"));
     }
 
     #[test]

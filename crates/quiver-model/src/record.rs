@@ -191,6 +191,15 @@ pub struct McpServerSpec {
     /// Patterns that are never injected; deny wins over allow.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denied_tools: Vec<String>,
+    /// Patterns of resource URIs callers may read through the MCP gateway,
+    /// matched against the whole URI (`file:///data/*.md`, `ui://*`).
+    /// Empty: none (default deny).
+    #[serde(default)]
+    pub allowed_resources: Vec<String>,
+    /// Patterns of prompt names callers may get through the MCP gateway.
+    /// Empty: none (default deny).
+    #[serde(default)]
+    pub allowed_prompts: Vec<String>,
     /// Whether calls need an approval.
     #[serde(default)]
     pub approval_policy: ApprovalPolicy,
@@ -226,6 +235,8 @@ impl McpServerSpec {
             tool_namespace: None,
             allowed_tools: Vec::new(),
             denied_tools: Vec::new(),
+            allowed_resources: Vec::new(),
+            allowed_prompts: Vec::new(),
             approval_policy: ApprovalPolicy::default(),
             approval_tools: BTreeMap::new(),
             budgets: Budgets::default(),

@@ -41,6 +41,8 @@ pub fn validate(spec: &McpServerSpec) -> Result<(), ModelError> {
     }
     v.patterns("allowed_tools", &spec.allowed_tools);
     v.patterns("denied_tools", &spec.denied_tools);
+    v.resource_patterns(&spec.allowed_resources);
+    v.patterns("allowed_prompts", &spec.allowed_prompts);
     v.approval(spec);
     v.budgets(spec);
     v.transforms(&spec.transform);
@@ -202,6 +204,23 @@ impl Validator {
         }
     }
 
+    /// URI patterns: the tool-pattern syntax, and no whitespace, which no
+    /// URI holds, so such a pattern could never match.
+    fn resource_patterns(&mut self, patterns: &[String]) {
+        const FIELD: &str = "allowed_resources";
+        for (i, pattern) in patterns.iter().enumerate() {
+            let field = format!("{FIELD}[{i}]");
+            if pattern.chars().any(char::is_whitespace) {
+                self.error(
+                    &field,
+                    format!("invalid pattern {pattern:?}: a URI pattern contains no whitespace"),
+                );
+            } else if let Err(err) = Pattern::new(pattern) {
+                self.error(&field, err.to_string());
+            }
+        }
+    }
+
     fn approval(&mut self, spec: &McpServerSpec) {
         if spec.approval_policy != ApprovalPolicy::Policy && !spec.approval_tools.is_empty() {
             self.error(
@@ -346,6 +365,31 @@ mod tests {
                 "budgets.max_concurrency",
             ]
         );
+    }
+
+    #[test]
+    fn resource_and_prompt_patterns_name_their_index() {
+        let mut spec = stdio("npx");
+        spec.allowed_resources = vec![
+            "file:///data/*.md".into(),
+            "ui://*".into(),
+            "file:///my notes/*".into(),
+            "file:///{a".into(),
+            String::new(),
+        ];
+        spec.allowed_prompts = vec!["summarize*".into(), "[".into()];
+        assert_eq!(
+            fields(&spec),
+            [
+                "allowed_resources[2]",
+                "allowed_resources[3]",
+                "allowed_resources[4]",
+                "allowed_prompts[1]",
+            ]
+        );
+        spec.allowed_resources.truncate(2);
+        spec.allowed_prompts.truncate(1);
+        validate(&spec).unwrap();
     }
 
     #[test]

@@ -21,6 +21,8 @@ const FIELDS: &[&str] = &[
     "tool_namespace",
     "allowed_tools",
     "denied_tools",
+    "allowed_resources",
+    "allowed_prompts",
     "approval_policy",
     "approval_tools",
     "budgets",
@@ -146,6 +148,10 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
         (
             proptest::collection::vec(text(), 0..3),
             proptest::collection::vec(text(), 0..2),
+            (
+                proptest::collection::vec(text(), 0..2),
+                proptest::collection::vec(text(), 0..2),
+            ),
             approval,
             budgets,
         ),
@@ -154,7 +160,13 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
         .prop_map(
             |(
                 (server_id, display_name, transport, stdio, http, tool_namespace),
-                (allowed_tools, denied_tools, (approval_policy, approval_tools), budgets),
+                (
+                    allowed_tools,
+                    denied_tools,
+                    (allowed_resources, allowed_prompts),
+                    (approval_policy, approval_tools),
+                    budgets,
+                ),
                 (enabled, transform, labels, per_session),
             )| McpServerSpec {
                 server_id,
@@ -165,6 +177,8 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
                 tool_namespace,
                 allowed_tools,
                 denied_tools,
+                allowed_resources,
+                allowed_prompts,
                 approval_policy,
                 approval_tools,
                 budgets,

@@ -204,6 +204,8 @@ impl From<&model::McpServerSpec> for pb::McpServerSpec {
             tool_namespace: spec.tool_namespace.clone(),
             allowed_tools: spec.allowed_tools.clone(),
             denied_tools: spec.denied_tools.clone(),
+            allowed_resources: spec.allowed_resources.clone(),
+            allowed_prompts: spec.allowed_prompts.clone(),
             approval_policy: approval_policy_to(spec.approval_policy).into(),
             approval_tools: spec
                 .approval_tools
@@ -263,6 +265,8 @@ impl TryFrom<pb::McpServerSpec> for model::McpServerSpec {
             tool_namespace: spec.tool_namespace,
             allowed_tools: spec.allowed_tools,
             denied_tools: spec.denied_tools,
+            allowed_resources: spec.allowed_resources,
+            allowed_prompts: spec.allowed_prompts,
             budgets: model::Budgets {
                 tool_timeout_ms: budgets.tool_timeout_ms.unwrap_or(defaults.tool_timeout_ms),
                 max_concurrency: budgets.max_concurrency.unwrap_or(defaults.max_concurrency),
@@ -385,6 +389,8 @@ transport = "stdio"
 tool_namespace = "files"
 allowed_tools = ["read_*"]
 denied_tools = ["read_secret"]
+allowed_resources = ["file:///data/*.md", "ui://*"]
+allowed_prompts = ["summarize*"]
 approval_policy = "policy"
 approval_tools = { "write_*" = "always", "read_*" = "never" }
 isolation = "per_session"
@@ -414,7 +420,11 @@ max_tool_output_bytes = 10
             updated_by: "alice".into(),
             source: model::Source::File("10-fs.toml".into()),
         };
-        let back = model::StoredServer::try_from(pb::McpServer::from(&stored)).unwrap();
+        let message = pb::McpServer::from(&stored);
+        let wire = message.spec.as_ref().unwrap();
+        assert_eq!(wire.allowed_resources, ["file:///data/*.md", "ui://*"]);
+        assert_eq!(wire.allowed_prompts, ["summarize*"]);
+        let back = model::StoredServer::try_from(message).unwrap();
         assert_eq!(back, stored);
     }
 
