@@ -583,6 +583,21 @@ mod tests {
     }
 
     #[test]
+    fn resource_and_prompt_lists_are_changed_fields() {
+        let before = stdio("a");
+        let mut after = before.clone();
+        after.allowed_resources = vec!["ui://*".into()];
+        after.allowed_prompts = vec!["greet".into()];
+        assert_eq!(
+            spec_changes(&before, &after),
+            ["allowed_prompts", "allowed_resources"]
+        );
+        let mut widened = after.clone();
+        widened.allowed_resources = vec!["file:///*".into(), "ui://*".into()];
+        assert_eq!(spec_changes(&after, &widened), ["allowed_resources"]);
+    }
+
+    #[test]
     fn a_transport_switch_names_both_sides() {
         let before = stdio("a");
         let mut after = McpServerSpec::new("a", Transport::StreamableHttp);

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ADMIN, WORKER, postgres_registry, rest, spec, sqlite_registry};
+use common::{ADMIN, TestRegistry, WORKER, postgres_registry, rest, spec, sqlite_registry};
 use quiver_model::{McpServerSpec, Source};
 use quiver_proto::v1 as pb;
 use quiver_registry::feed::{ChangeFeed, FeedOptions, WatchEvent};
@@ -813,4 +813,127 @@ http = { url = "ftp://nope" }
         (412, &json!("failed_precondition")),
         "no mcp.d configured"
     );
+}
+
+/// `allowed_resources` / `allowed_prompts` through every API and both
+/// stores: REST bodies and gRPC messages carry them, the store keeps them,
+/// the same lists again are a no-op, an edit of them is audited by path, and
+/// a malformed pattern is refused naming its index.
+async fn resource_and_prompt_lists_round_trip(r: TestRegistry) {
+    use reqwest::Method;
+    const SERVERS: &str = "/admin/api/mcp/servers";
+    let mut record = json!(spec("files", "npx"));
+    record["allowed_resources"] = json!(["file:///data/*.md", "ui://*"]);
+    record["allowed_prompts"] = json!(["summarize*"]);
+    let post = async |body: &Value| {
+        rest(
+            &r,
+            Method::POST,
+            SERVERS,
+            Some(ADMIN),
+            Some(&body.to_string()),
+        )
+        .await
+    };
+    let read_files = async |token: &str| {
+        rest(
+            &r,
+            Method::GET,
+            &format!("{SERVERS}/files"),
+            Some(token),
+            None,
+        )
+        .await
+        .1
+    };
+    let (status, created) = post(&record).await;
+    assert_eq!(status, 201, "{created}");
+    let read = read_files(WORKER).await;
+    assert_eq!(
+        read["allowed_resources"],
+        json!(["file:///data/*.md", "ui://*"])
+    );
+    assert_eq!(read["allowed_prompts"], json!(["summarize*"]));
+    let (status, same) = post(&record).await;
+    assert_eq!((status, &same["unchanged"]), (200, &json!(true)));
+
+    // gRPC reads what REST wrote, and writes what REST reads.
+    let mut admin = r.client(Some(ADMIN)).await;
+    let server = admin
+        .get_mcp_server(pb::GetMcpServerRequest {
+            server_id: "files".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .server
+        .unwrap();
+    let mut wire = server.spec.unwrap();
+    assert_eq!(wire.allowed_resources, ["file:///data/*.md", "ui://*"]);
+    assert_eq!(wire.allowed_prompts, ["summarize*"]);
+    wire.allowed_prompts.push("greet".into());
+    admin
+        .upsert_mcp_server(pb::UpsertMcpServerRequest {
+            server: Some(wire.clone()),
+            expected_revision: Some(server.revision),
+        })
+        .await
+        .unwrap();
+    let read = read_files(ADMIN).await;
+    assert_eq!(read["allowed_prompts"], json!(["summarize*", "greet"]));
+    let (_, audit) = rest(&r, Method::GET, "/admin/api/audit", Some(ADMIN), None).await;
+    // The gRPC write also moved the record from source `admin` to `api`.
+    assert_eq!(
+        audit["entries"][0]["changed_fields"],
+        json!(["allowed_prompts", "(source)"])
+    );
+
+    // Malformed patterns: 400 naming the index, nothing stored.
+    let mut bad = record.clone();
+    bad["allowed_resources"] = json!(["file:///my notes/*", "ui://*"]);
+    let (status, err) = post(&bad).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["error"]["field"], "allowed_resources[0]");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("whitespace")),
+        "{err}"
+    );
+    bad["allowed_resources"] = json!(["ui://*", "ui://{a"]);
+    let (status, err) = post(&bad).await;
+    assert_eq!(
+        (status, &err["error"]["field"]),
+        (400, &json!("allowed_resources[1]"))
+    );
+    wire.allowed_prompts = vec!["[".into()];
+    let refused = admin
+        .upsert_mcp_server(pb::UpsertMcpServerRequest {
+            server: Some(wire),
+            expected_revision: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("allowed_prompts[0]"),
+        "{}",
+        refused.message()
+    );
+    let stored = r.store.get("files").await.unwrap().unwrap();
+    assert_eq!(stored.spec.allowed_prompts, ["summarize*", "greet"]);
+    assert_eq!(
+        stored.spec.allowed_resources,
+        ["file:///data/*.md", "ui://*"]
+    );
+}
+
+#[tokio::test]
+async fn resource_and_prompt_lists_round_trip_on_sqlite() {
+    resource_and_prompt_lists_round_trip(sqlite_registry(|_| {}).await).await;
+}
+
+#[tokio::test]
+async fn resource_and_prompt_lists_round_trip_on_postgres() {
+    resource_and_prompt_lists_round_trip(postgres_registry().await).await;
 }
