@@ -570,3 +570,130 @@ fn missing_directory_is_an_io_error_naming_it() {
     assert!(matches!(&err, BootstrapError::Io { path, .. } if path == &missing));
     assert!(err.to_string().contains("mcp.d"), "{err}");
 }
+
+/// A stdio record with the given `allowed_resources` and `allowed_prompts`
+/// (TOML arrays as text).
+fn content_toml(id: &str, resources: &str, prompts: &str) -> String {
+    format!(
+        "server_id = \"{id}\"\ntransport = \"stdio\"\nallowed_resources = {resources}\nallowed_prompts = {prompts}\n\n[stdio]\ncommand = \"docs-server\"\n"
+    )
+}
+
+#[tokio::test]
+async fn resource_and_prompt_lists_load_plan_and_refuse_bad_patterns() {
+    let dir = TempDir::new().unwrap();
+    let d = dir.path();
+    let store = store().await;
+    write(
+        d,
+        "10-docs.toml",
+        &content_toml(
+            "docs",
+            r#"["file:///data/*.md", "ui://*"]"#,
+            r#"["summarize*"]"#,
+        ),
+    );
+    let scanned = scan(d, Strictness::Strict).unwrap();
+    assert_eq!(
+        scanned.records[0].spec.allowed_resources,
+        ["file:///data/*.md", "ui://*"]
+    );
+    let report = reconcile_lenient(&store, d).await;
+    assert_eq!(report.created, 1);
+    let stored = store.get("docs").await.unwrap().unwrap();
+    assert_eq!(stored.spec.allowed_prompts, ["summarize*"]);
+
+    // The same file again is unchanged; another prompt list is an update
+    // whose diff shows that list.
+    let planned = plan(&store, &scan(d, Strictness::Strict).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        matches!(planned.actions.as_slice(), [Action::Unchanged { .. }]),
+        "{}",
+        planned.render()
+    );
+    write(
+        d,
+        "10-docs.toml",
+        &content_toml(
+            "docs",
+            r#"["file:///data/*.md", "ui://*"]"#,
+            r#"["summarize*", "greet"]"#,
+        ),
+    );
+    let planned = plan(&store, &scan(d, Strictness::Strict).unwrap())
+        .await
+        .unwrap();
+    let text = planned.render();
+    assert!(text.contains("~ update docs (10-docs.toml)\n"), "{text}");
+    let changed: Vec<&str> = text
+        .lines()
+        .filter(|l| (l.starts_with('+') || l.starts_with('-')) && !l.starts_with("+++"))
+        .filter(|l| !l.starts_with("---"))
+        .collect();
+    assert!(
+        changed
+            .iter()
+            .any(|l| l.starts_with('+') && l.contains("\"greet\"")),
+        "{text}"
+    );
+    assert!(
+        changed.iter().all(|l| !l.contains("ui://")),
+        "the unchanged resource list is no part of the diff: {text}"
+    );
+    apply(&store, &planned, "bootstrap").await.unwrap();
+    assert_eq!(
+        store
+            .get("docs")
+            .await
+            .unwrap()
+            .unwrap()
+            .spec
+            .allowed_prompts,
+        ["summarize*", "greet"]
+    );
+
+    // A malformed URI pattern names the file and the index; lenient keeps
+    // the stored record, strict writes nothing.
+    write(
+        d,
+        "10-docs.toml",
+        &content_toml("docs", r#"["ui://*", "file:///my notes/*"]"#, "[]"),
+    );
+    let err = scan(d, Strictness::Strict).unwrap_err();
+    let BootstrapError::Invalid { errors } = &err else {
+        panic!("expected invalid files, got {err}");
+    };
+    assert_eq!(errors[0].file, "10-docs.toml");
+    assert_eq!(errors[0].fields, ["allowed_resources[1]"]);
+    let before = head(&store).await;
+    reconcile_lenient(&store, d).await;
+    assert_eq!(head(&store).await, before);
+    assert_eq!(
+        store
+            .get("docs")
+            .await
+            .unwrap()
+            .unwrap()
+            .spec
+            .allowed_prompts,
+        ["summarize*", "greet"]
+    );
+}
+
+#[tokio::test]
+async fn shipped_examples_load_strictly() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/mcp.d");
+    let scanned = scan(&shipped, Strictness::Strict).unwrap();
+    assert!(scanned.warnings.is_empty(), "{:?}", scanned.warnings);
+    let legacy = scanned
+        .records
+        .iter()
+        .find(|r| r.spec.server_id == "legacy-sse")
+        .expect("the legacy-sse example");
+    assert!(!legacy.spec.allowed_resources.is_empty());
+    assert!(!legacy.spec.allowed_prompts.is_empty());
+    let report = reconcile_lenient(&store().await, &shipped).await;
+    assert_eq!(report.created, scanned.records.len());
+}
