@@ -16,6 +16,7 @@ mod graceful_shutdown;
 mod harness;
 mod listeners;
 mod hostile_calls;
+mod hostile_output;
 mod hostile_servers;
 mod metrics;
 mod openai_sdk;

@@ -33,7 +33,7 @@ const STREAMED_TEXT: &str =
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The interpreter of the SDK venv; fails the test when it is not set up.
-fn sdk_python() -> String {
+pub(crate) fn sdk_python() -> String {
     let python = std::env::var("QUIVER_TEST_PYTHON").unwrap_or_default();
     assert!(
         !python.is_empty(),

@@ -689,6 +689,12 @@ impl McpPool {
             match answer {
                 None => Err(McpError::Timeout(budgets.tool_timeout_ms)),
                 Some(answer) => {
+                    let answer = answer.map_err(|err| {
+                        crate::output::cap_service_error(
+                            err,
+                            budgets.max_tool_output_bytes as usize,
+                        )
+                    });
                     self.answered(&entry, &connection, answer, budgets.tool_timeout_ms)
                         .await
                 }

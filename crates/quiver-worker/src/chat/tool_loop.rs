@@ -22,8 +22,9 @@
 //! output have been handed over, the next request is sent with
 //! `tool_choice: "none"` so the model answers with what it has; MCP calls in
 //! that final answer are removed and not run. Calls in one turn beyond the
-//! call budget get an `mcp_budget_exceeded` tool message; output beyond the
-//! byte budget is truncated and marked. `stop_reason` in the response's `mcp`
+//! call budget get an `mcp_budget_exceeded` tool message; a tool message
+//! about a call that ran, output or error, is cut to what is left of the
+//! byte budget and marked (see [`ToolMessage`]). `stop_reason` in the response's `mcp`
 //! extension says which budget ended the loop.
 
 use std::collections::HashSet;
@@ -194,23 +195,18 @@ impl ToolLoop<'_> {
             let answered = self.run_calls(&mcp_calls, allowed_calls).await;
             let mut messages = Vec::with_capacity(answered.len());
             for (call, (answer, duration_ms)) in mcp_calls.iter().zip(answered) {
+                let remaining = self
+                    .budgets
+                    .max_tool_output_bytes
+                    .saturating_sub(output_bytes);
                 let message = match answer {
-                    Answer::Done(done) => {
-                        let remaining = self
-                            .budgets
-                            .max_tool_output_bytes
-                            .saturating_sub(output_bytes);
-                        let message = if remaining == 0 {
-                            ToolMessage::budget_exceeded("max_tool_output_bytes")
-                        } else {
-                            ToolMessage::output(&done, remaining)
-                        };
-                        output_bytes += message.output_bytes;
-                        message
-                    }
-                    Answer::Failed(err) => ToolMessage::error(&err),
+                    // A call that ran is reported even with no budget left:
+                    // the model must not believe it did not run.
+                    Answer::Done(done) => ToolMessage::output(&done, remaining),
+                    Answer::Failed(err) => ToolMessage::error(&err, remaining),
                     Answer::OverBudget => ToolMessage::budget_exceeded("max_total_tool_calls"),
                 };
+                output_bytes += message.output_bytes;
                 report
                     .calls
                     .push(self.record(call, message.status, duration_ms, iteration));

@@ -1,16 +1,29 @@
 //! What the model reads back from an MCP call: the `content` of its
 //! `role=tool` message. Output becomes text; every failure becomes the §10
 //! error object, so a failed call never fails the chat request.
+//!
+//! The request's `max_tool_output_bytes` bounds what servers put in front of
+//! the model. A message about an MCP call (its output, its `isError` text,
+//! its failure, whose text may be the server's) is never longer than what is
+//! left of that budget, and its length counts against it: the server's text
+//! is cut at a character boundary, measured as it is escaped in JSON, and the
+//! cut is marked. Only when even the worker's own words around it do not fit
+//! are those words, short and bounded, sent alone. Refusals of calls that
+//! never reached the pool (policy, approval, argument checks, the call
+//! budget) are the worker's own and cost nothing.
 
-use quiver_mcp::output::truncate_utf8;
 use quiver_mcp::{ContentBlock, ErrorCode, ResourceContents};
 use serde_json::{Value, json};
 
 use crate::call::{CallDone, CallError};
+use crate::error::ErrorObject;
 
 /// §10-style code of a call refused because a session budget is used up
 /// (an addition to the codes of SPEC §10).
 pub const BUDGET_EXCEEDED: &str = ErrorCode::McpBudgetExceeded.as_str();
+
+/// What follows server text that was cut to fit the budget.
+const CUT_MARK: &str = " [quiver: cut to fit the request's max_tool_output_bytes budget]";
 
 /// A tool message's content and what it cost.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,18 +32,34 @@ pub struct ToolMessage {
     pub content: String,
     /// `ok` or the §10 code.
     pub status: &'static str,
-    /// Tool output bytes handed to the model (counted against
-    /// `max_tool_output_bytes`; error objects of the worker's own are free).
+    /// Bytes counted against `max_tool_output_bytes`: the whole content of
+    /// a message about an MCP call, nothing for the worker's own refusals.
     pub output_bytes: u64,
 }
 
 impl ToolMessage {
-    /// The message for a call that did not run or failed.
-    pub fn error(err: &CallError) -> Self {
+    /// The message for a call that did not run or failed, within
+    /// `remaining` bytes when the failure is the MCP call's.
+    pub fn error(err: &CallError, remaining: u64) -> Self {
+        let status = err.code().as_str();
+        if !matches!(err, CallError::Mcp(_)) {
+            return ToolMessage {
+                content: err.to_json().to_string(),
+                status,
+                output_bytes: 0,
+            };
+        }
+        let (content, _) = fit(
+            err.to_json(),
+            "/error/message",
+            &err.to_string(),
+            CUT_MARK,
+            limit(remaining),
+        );
         ToolMessage {
-            content: err.to_json().to_string(),
-            status: err.code().as_str(),
-            output_bytes: 0,
+            output_bytes: content.len() as u64,
+            content,
+            status,
         }
     }
 
@@ -48,55 +77,120 @@ impl ToolMessage {
         }
     }
 
-    /// The message for a call that returned, keeping at most `remaining`
-    /// bytes of its output (the rest of the request's output budget).
+    /// The message for a call that returned, at most `remaining` bytes
+    /// (the rest of the request's output budget).
     pub fn output(done: &CallDone, remaining: u64) -> Self {
         let text = output_text(done);
-        let limit = usize::try_from(remaining).unwrap_or(usize::MAX);
-        let kept = truncate_utf8(&text, limit);
-        let output_bytes = kept.len() as u64;
-        if done.is_error() {
-            let mut error = done.error_object().unwrap_or_else(|| json!({}));
-            error["message"] = Value::String(kept.to_owned());
-            return ToolMessage {
-                content: json!({ "error": error }).to_string(),
-                status: ErrorCode::McpToolError.as_str(),
-                output_bytes,
-            };
-        }
-        if kept.len() < text.len() {
-            return ToolMessage {
-                content: json!({
-                    "error": {
-                        "code": ErrorCode::McpOutputTooLarge,
-                        "message": format!(
-                            "output truncated to {} of {} bytes: the request's max_tool_output_bytes budget is used up",
-                            kept.len(),
-                            text.len()
-                        ),
-                        "retryable": false,
-                    },
-                    "output": kept,
-                })
-                .to_string(),
-                status: ErrorCode::McpOutputTooLarge.as_str(),
-                output_bytes,
-            };
-        }
-        if let Some(error) = done.error_object() {
-            // Cut by the server's own output cap (already marked in the text).
-            return ToolMessage {
-                content: json!({"error": error, "output": text}).to_string(),
-                status: ErrorCode::McpOutputTooLarge.as_str(),
-                output_bytes,
-            };
-        }
+        let limit = limit(remaining);
+        let (content, status) = if done.is_error() {
+            let error = done.error_object().unwrap_or_else(|| json!({}));
+            let (content, _) = fit(
+                json!({ "error": error }),
+                "/error/message",
+                &text,
+                CUT_MARK,
+                limit,
+            );
+            (content, ErrorCode::McpToolError.as_str())
+        } else {
+            match done.error_object() {
+                None if text.len() <= limit => (text, "ok"),
+                server_note => (
+                    marked_output(server_note, &text, remaining, limit),
+                    ErrorCode::McpOutputTooLarge.as_str(),
+                ),
+            }
+        };
         ToolMessage {
-            content: text,
-            status: "ok",
-            output_bytes,
+            output_bytes: content.len() as u64,
+            content,
+            status,
         }
     }
+}
+
+/// `{"error": …, "output": …}` for output that was cut: by the server's
+/// cap (`server_note` says so) when the rest fits, else by this budget.
+fn marked_output(server_note: Option<Value>, text: &str, remaining: u64, limit: usize) -> String {
+    if let Some(note) = server_note {
+        let (content, cut) = fit(
+            json!({"error": note, "output": ""}),
+            "/output",
+            text,
+            "",
+            limit,
+        );
+        if !cut {
+            return content;
+        }
+    }
+    let note = ErrorObject::new(
+        ErrorCode::McpOutputTooLarge,
+        format!(
+            "output of {} bytes cut to fit the request's max_tool_output_bytes budget ({remaining} bytes left)",
+            text.len()
+        ),
+    );
+    fit(
+        json!({"error": note.to_value(), "output": ""}),
+        "/output",
+        text,
+        "",
+        limit,
+    )
+    .0
+}
+
+fn limit(remaining: u64) -> usize {
+    usize::try_from(remaining).unwrap_or(usize::MAX)
+}
+
+/// `envelope` as JSON with `text` in the string at `pointer` (which must
+/// exist), in at most `limit` bytes: the whole text when it fits, else its
+/// longest prefix that does followed by `mark`, or the mark alone when the
+/// envelope leaves no room. Returns the JSON and whether `text` was cut.
+fn fit(mut envelope: Value, pointer: &str, text: &str, mark: &str, limit: usize) -> (String, bool) {
+    set_string(&mut envelope, pointer, String::new());
+    let frame = envelope.to_string().len();
+    let room = limit.saturating_sub(frame);
+    let whole = escaped_prefix(text, room);
+    let cut = whole.len() < text.len();
+    let slot = if cut {
+        let room = room.saturating_sub(mark.chars().map(escaped_len).sum());
+        format!("{}{mark}", escaped_prefix(text, room))
+    } else {
+        text.to_owned()
+    };
+    set_string(&mut envelope, pointer, slot);
+    (envelope.to_string(), cut)
+}
+
+fn set_string(value: &mut Value, pointer: &str, string: String) {
+    if let Some(slot) = value.pointer_mut(pointer) {
+        *slot = Value::String(string);
+    }
+}
+
+/// Bytes of `c` inside a JSON string as serde_json writes it.
+fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\u{08}' | '\u{0c}' | '\n' | '\r' | '\t' => 2,
+        '\0'..='\u{1f}' => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// The longest prefix of `text` whose JSON-escaped form is at most `room`
+/// bytes; it ends on a character boundary.
+fn escaped_prefix(text: &str, room: usize) -> &str {
+    let mut used = 0;
+    for (at, c) in text.char_indices() {
+        used += escaped_len(c);
+        if used > room {
+            return &text[..at];
+        }
+    }
+    text
 }
 
 /// The result as text: text items as they are, other items as a short note,
@@ -135,4 +229,84 @@ fn output_text(done: &CallDone) -> String {
         return structured.to_string();
     }
     parts.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use quiver_mcp::McpError;
+
+    use super::*;
+
+    #[test]
+    fn escaped_len_is_what_serde_json_writes() {
+        let chars = (0u32..0x80)
+            .filter_map(char::from_u32)
+            .chain(['é', '€', '😀', '\u{2028}', '\u{7f}']);
+        for c in chars {
+            let written = serde_json::to_string(&c.to_string()).unwrap().len() - 2;
+            assert_eq!(escaped_len(c), written, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn fitted_json_stays_within_the_limit_whatever_the_text() {
+        let hostile = "\"\\\u{1}\né😀x".repeat(5000);
+        let envelope =
+            json!({"error": {"code": "mcp_unavailable", "message": "", "retryable": true}});
+        let floor = fit(envelope.clone(), "/error/message", &hostile, CUT_MARK, 0)
+            .0
+            .len();
+        for limit in (0..400).chain([1000, 4096, 65_536]) {
+            let (json, cut) = fit(
+                envelope.clone(),
+                "/error/message",
+                &hostile,
+                CUT_MARK,
+                limit,
+            );
+            assert!(cut);
+            assert!(
+                json.len() <= limit.max(floor),
+                "{limit}: {} bytes",
+                json.len()
+            );
+            let parsed: Value = serde_json::from_str(&json).unwrap();
+            let message = parsed["error"]["message"].as_str().unwrap();
+            let kept = message.strip_suffix(CUT_MARK).expect("marked");
+            assert!(hostile.starts_with(kept));
+        }
+        let (json, cut) = fit(envelope, "/error/message", "short", CUT_MARK, 4096);
+        assert!(!cut);
+        assert!(json.contains("\"short\""));
+    }
+
+    #[test]
+    fn server_error_text_fits_the_remaining_budget_and_counts() {
+        let err = CallError::Mcp(McpError::Protocol(format!(
+            "server error -32000: {}",
+            "s".repeat(1_000_000)
+        )));
+        let message = ToolMessage::error(&err, 4096);
+        assert!(message.content.len() <= 4096, "{}", message.content.len());
+        assert!(message.content.len() > 4000, "{}", message.content.len());
+        assert_eq!(message.output_bytes, message.content.len() as u64);
+        let parsed: Value = serde_json::from_str(&message.content).unwrap();
+        assert_eq!(parsed["error"]["code"], "mcp_unavailable");
+        assert!(
+            parsed["error"]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with(CUT_MARK)
+        );
+
+        // Nothing left: the worker's own words alone, still saying what failed.
+        let message = ToolMessage::error(&err, 0);
+        assert!(message.content.len() < 200, "{}", message.content);
+        assert!(message.content.contains("mcp_unavailable"));
+
+        // The worker's own refusals are free and whole.
+        let refusal = ToolMessage::error(&CallError::not_available("x"), 0);
+        assert_eq!(refusal.output_bytes, 0);
+        assert!(refusal.content.contains("not a tool available"));
+    }
 }
