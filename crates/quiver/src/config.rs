@@ -4,9 +4,12 @@
 //! key is reported instead of silently ignored.
 
 use std::net::SocketAddr;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
+use quiver_mcp::PoolOptions;
 use serde::Deserialize;
 
 use crate::telemetry::LogFormat;
@@ -40,6 +43,9 @@ pub struct RegistryFile {
     /// TLS of the gRPC and HTTP listeners.
     #[serde(default)]
     pub tls: TlsSection,
+    /// Timeouts and connection cap of the gRPC and HTTP listeners.
+    #[serde(default)]
+    pub listener: ListenerSection,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
@@ -58,6 +64,9 @@ pub struct WorkerFile {
     /// TLS of the HTTP listener.
     #[serde(default)]
     pub tls: TlsSection,
+    /// Timeouts and connection cap of the HTTP listener.
+    #[serde(default)]
+    pub listener: ListenerSection,
     /// HTTP listen address.
     pub http_listen: Option<SocketAddr>,
     /// Identity reported to the registry.
@@ -146,6 +155,73 @@ pub struct PoolSection {
     /// How long a listing of several servers waits for one server's tools
     /// before leaving it out of that request, in ms.
     pub catalog_wait_ms: Option<u64>,
+    /// How long a timed-out call keeps its `max_concurrency` slot waiting
+    /// for the server to answer its cancellation, in ms; unanswered by then,
+    /// the connection is recycled.
+    pub cancel_grace_ms: Option<NonZeroU64>,
+    /// Pages one listing (`tools/list`) follows at most.
+    pub max_list_pages: Option<NonZeroUsize>,
+    /// Items one listing keeps at most, over all its pages.
+    pub max_list_items: Option<NonZeroUsize>,
+    /// Bytes (as JSON) of the items of one listing at most.
+    pub max_list_bytes: Option<NonZeroUsize>,
+    /// Bound on one whole listing, every page, in ms.
+    pub list_timeout_ms: Option<NonZeroU64>,
+    /// Longest message a stdio server may send, in bytes.
+    pub max_message_bytes: Option<NonZeroUsize>,
+}
+
+impl PoolSection {
+    /// These settings over `defaults`.
+    pub fn over(self, defaults: PoolOptions) -> PoolOptions {
+        let millis = |ms: Option<u64>, default| ms.map_or(default, Duration::from_millis);
+        let count = |n: Option<NonZeroUsize>, default| n.map_or(default, NonZeroUsize::get);
+        PoolOptions {
+            max_inflight_calls: self
+                .max_inflight_calls
+                .unwrap_or(defaults.max_inflight_calls),
+            max_child_processes: self
+                .max_child_processes
+                .unwrap_or(defaults.max_child_processes),
+            initialize_timeout: millis(self.initialize_timeout_ms, defaults.initialize_timeout),
+            idle_timeout: match self.idle_timeout_secs {
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+                None => defaults.idle_timeout,
+            },
+            tools_ttl: self
+                .tools_ttl_secs
+                .map_or(defaults.tools_ttl, Duration::from_secs),
+            cancel_grace: millis(
+                self.cancel_grace_ms.map(NonZeroU64::get),
+                defaults.cancel_grace,
+            ),
+            max_list_pages: count(self.max_list_pages, defaults.max_list_pages),
+            max_list_items: count(self.max_list_items, defaults.max_list_items),
+            max_list_bytes: count(self.max_list_bytes, defaults.max_list_bytes),
+            list_timeout: millis(
+                self.list_timeout_ms.map(NonZeroU64::get),
+                defaults.list_timeout,
+            ),
+            max_message_bytes: count(self.max_message_bytes, defaults.max_message_bytes),
+            ..defaults
+        }
+    }
+}
+
+/// `[listener]` of the registry and worker configs: bounds of the listeners
+/// against slow, idle and too many peers (the `--header-read-timeout-ms`,
+/// `--connection-idle-timeout-ms` and `--max-connections` flags win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerSection {
+    /// Time a new connection has to deliver its first complete request
+    /// head, in ms.
+    pub header_read_timeout_ms: Option<NonZeroU64>,
+    /// Time a connection may stay open with no request in flight, in ms.
+    pub idle_timeout_ms: Option<NonZeroU64>,
+    /// Open connections of all the listeners together.
+    pub max_connections: Option<NonZeroUsize>,
 }
 
 /// One `[[callers]]` entry: a token (literal or from an environment
@@ -500,5 +576,109 @@ mod tests {
     fn unknown_keys_are_rejected() {
         let err = toml::from_str::<RegistryFile>("databse_url = \"x\"").unwrap_err();
         assert!(err.to_string().contains("databse_url"), "{err}");
+        let err = toml::from_str::<WorkerFile>("[pool]\ncancel_grace = 5").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `cancel_grace`"),
+            "{err}"
+        );
+        let err = toml::from_str::<WorkerFile>("[listener]\nidle_timeout = 5").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `idle_timeout`"),
+            "{err}"
+        );
+        let err = toml::from_str::<RegistryFile>("[listener]\nmax_conns = 5").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `max_conns`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pool_keys_set_the_pool_options_and_zero_bounds_are_refused() {
+        let file: WorkerFile = toml::from_str(
+            "[pool]\ncancel_grace_ms = 500\nmax_list_pages = 7\nmax_list_items = 70\n\
+             max_list_bytes = 7000\nlist_timeout_ms = 1500\nmax_message_bytes = 65536\n\
+             initialize_timeout_ms = 900\nidle_timeout_secs = 0\n",
+        )
+        .unwrap();
+        let pool = file.pool.over(PoolOptions::default());
+        assert_eq!(pool.cancel_grace, Duration::from_millis(500));
+        assert_eq!(
+            (
+                pool.max_list_pages,
+                pool.max_list_items,
+                pool.max_list_bytes
+            ),
+            (7, 70, 7000)
+        );
+        assert_eq!(pool.list_timeout, Duration::from_millis(1500));
+        assert_eq!(pool.max_message_bytes, 65536);
+        assert_eq!(pool.initialize_timeout, Duration::from_millis(900));
+        assert_eq!(pool.idle_timeout, None);
+        // Unset keys keep the defaults.
+        let defaults = PoolOptions::default();
+        let pool = PoolSection::default().over(PoolOptions::default());
+        assert_eq!(pool.cancel_grace, defaults.cancel_grace);
+        assert_eq!(pool.max_list_pages, defaults.max_list_pages);
+        assert_eq!(pool.max_message_bytes, defaults.max_message_bytes);
+        assert_eq!(pool.idle_timeout, defaults.idle_timeout);
+        // A zero bound would fail every listing or call: refused, naming the key.
+        for key in ["max_list_pages", "cancel_grace_ms", "max_message_bytes"] {
+            let err = toml::from_str::<WorkerFile>(&format!("[pool]\n{key} = 0")).unwrap_err();
+            assert!(err.to_string().contains(key), "{key}: {err}");
+            assert!(err.to_string().contains("nonzero"), "{key}: {err}");
+        }
+    }
+
+    /// The example configs' commented-out numbers are the defaults they
+    /// claim to be (`max_connections`, derived by default, aside).
+    #[test]
+    fn example_configs_show_the_defaults() {
+        let uncommented = |name: &str| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../config")
+                .join(name);
+            let text = std::fs::read_to_string(path).unwrap();
+            text.lines()
+                .map(|line| match line.strip_prefix("# ") {
+                    Some(setting)
+                        if !setting.starts_with("max_connections")
+                            && setting
+                                .split_once(" = ")
+                                .is_some_and(|(_, value)| value.parse::<u64>().is_ok()) =>
+                    {
+                        setting
+                    }
+                    _ => line,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let worker: WorkerFile = toml::from_str(&uncommented("worker.toml")).unwrap();
+        let registry: RegistryFile = toml::from_str(&uncommented("registry.toml")).unwrap();
+        let defaults = PoolOptions::default();
+        let pool = &worker.pool;
+        let millis = |ms: Option<NonZeroU64>| ms.map(|ms| Duration::from_millis(ms.get()));
+        assert_eq!(millis(pool.cancel_grace_ms), Some(defaults.cancel_grace));
+        assert_eq!(millis(pool.list_timeout_ms), Some(defaults.list_timeout));
+        let count = |n: Option<NonZeroUsize>| n.map(NonZeroUsize::get);
+        assert_eq!(count(pool.max_list_pages), Some(defaults.max_list_pages));
+        assert_eq!(count(pool.max_list_items), Some(defaults.max_list_items));
+        assert_eq!(count(pool.max_list_bytes), Some(defaults.max_list_bytes));
+        assert_eq!(
+            count(pool.max_message_bytes),
+            Some(defaults.max_message_bytes)
+        );
+        let listener_defaults = quiver_listen::ListenerOptions::default();
+        for listener in [&worker.listener, &registry.listener] {
+            assert_eq!(
+                millis(listener.header_read_timeout_ms),
+                Some(listener_defaults.header_read_timeout)
+            );
+            assert_eq!(
+                millis(listener.idle_timeout_ms),
+                Some(listener_defaults.idle_timeout)
+            );
+        }
     }
 }

@@ -12,7 +12,9 @@ use quiver_listen::ListenerOptions;
 use quiver_proto::tls::ServerTls;
 use quiver_upstream::UpstreamOptions;
 
-use crate::config::{self, EgressSection, LogSection, TlsFileError, TlsSection, UpstreamSection};
+use crate::config::{
+    self, EgressSection, ListenerSection, LogSection, TlsFileError, TlsSection, UpstreamSection,
+};
 use crate::telemetry::{DEFAULT_LOG_FILTER, LogFormat, LogSettings, OtlpEndpoint, TelemetryError};
 
 /// TLS of the command's listeners (`quiver registry`: gRPC and HTTP;
@@ -43,31 +45,52 @@ impl TlsFlags {
 #[derive(Args, Debug, Default)]
 pub struct ListenerFlags {
     /// Open connections of all the command's listeners together; at the cap
-    /// the oldest connection not serving a request is closed to make room
-    /// [default: the descriptor limit minus 512, at most 16384].
-    #[arg(long, env = "QUIVER_MAX_CONNECTIONS")]
+    /// the oldest connection not serving a request is closed to make room.
+    #[arg(long, env = "QUIVER_MAX_CONNECTIONS",
+        help = format!(
+            "Open connections of all the command's listeners together; at the cap the oldest connection not serving a request is closed to make room [default: the descriptor limit minus {}, at most {}]",
+            ListenerOptions::default().reserved_descriptors,
+            ListenerOptions::default().derived_max_connections_ceiling,
+        ))]
     pub max_connections: Option<NonZeroUsize>,
     /// Milliseconds a new connection has to deliver its first complete
-    /// request head (TLS handshake and HTTP/2 preface included) [default: 10000].
-    #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT_MS")]
+    /// request head (TLS handshake and HTTP/2 preface included).
+    #[arg(long, env = "QUIVER_HEADER_READ_TIMEOUT_MS",
+        help = format!(
+            "Milliseconds a new connection has to deliver its first complete request head (TLS handshake and HTTP/2 preface included) [default: {}]",
+            ListenerOptions::default().header_read_timeout.as_millis(),
+        ))]
     pub header_read_timeout_ms: Option<NonZeroU64>,
-    /// Milliseconds a connection may stay open with no request in flight
-    /// [default: 60000].
-    #[arg(long, env = "QUIVER_CONNECTION_IDLE_TIMEOUT_MS")]
+    /// Milliseconds a connection may stay open with no request in flight.
+    #[arg(long, env = "QUIVER_CONNECTION_IDLE_TIMEOUT_MS",
+        help = format!(
+            "Milliseconds a connection may stay open with no request in flight [default: {}]",
+            ListenerOptions::default().idle_timeout.as_millis(),
+        ))]
     pub connection_idle_timeout_ms: Option<NonZeroU64>,
 }
 
 impl ListenerFlags {
-    /// The listener options these flags set, defaults elsewhere.
-    pub fn options(self) -> ListenerOptions {
+    /// The listener options of these flags over the `[listener]` section,
+    /// defaults elsewhere.
+    pub fn options(self, file: ListenerSection) -> ListenerOptions {
         let defaults = ListenerOptions::default();
         let millis = |ms: Option<NonZeroU64>, default| {
             ms.map_or(default, |ms| Duration::from_millis(ms.get()))
         };
         ListenerOptions {
-            max_connections: self.max_connections.map(NonZeroUsize::get),
-            header_read_timeout: millis(self.header_read_timeout_ms, defaults.header_read_timeout),
-            idle_timeout: millis(self.connection_idle_timeout_ms, defaults.idle_timeout),
+            max_connections: self
+                .max_connections
+                .or(file.max_connections)
+                .map(NonZeroUsize::get),
+            header_read_timeout: millis(
+                self.header_read_timeout_ms.or(file.header_read_timeout_ms),
+                defaults.header_read_timeout,
+            ),
+            idle_timeout: millis(
+                self.connection_idle_timeout_ms.or(file.idle_timeout_ms),
+                defaults.idle_timeout,
+            ),
             ..defaults
         }
     }
@@ -192,6 +215,35 @@ impl UpstreamFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listener_flags_beat_the_config_which_beats_the_defaults() {
+        let file: crate::config::RegistryFile = toml::from_str(
+            "[listener]\nheader_read_timeout_ms = 1500\nidle_timeout_ms = 2500\nmax_connections = 300\n",
+        )
+        .unwrap();
+        let from_file = ListenerFlags::default().options(file.listener);
+        assert_eq!(from_file.header_read_timeout, Duration::from_millis(1500));
+        assert_eq!(from_file.idle_timeout, Duration::from_millis(2500));
+        assert_eq!(from_file.max_connections, Some(300));
+
+        let file: crate::config::RegistryFile =
+            toml::from_str("[listener]\nheader_read_timeout_ms = 1500\nmax_connections = 300\n")
+                .unwrap();
+        let flags = ListenerFlags {
+            max_connections: NonZeroUsize::new(40),
+            header_read_timeout_ms: NonZeroU64::new(700),
+            connection_idle_timeout_ms: None,
+        };
+        let options = flags.options(file.listener);
+        let defaults = ListenerOptions::default();
+        assert_eq!(options.header_read_timeout, Duration::from_millis(700));
+        assert_eq!(options.max_connections, Some(40));
+        assert_eq!(options.idle_timeout, defaults.idle_timeout);
+        let neither = ListenerFlags::default().options(ListenerSection::default());
+        assert_eq!(neither.max_connections, None);
+        assert_eq!(neither.header_read_timeout, defaults.header_read_timeout);
+    }
 
     #[test]
     fn log_flags_beat_the_config_and_empty_means_unset() {

@@ -162,7 +162,7 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         change_log_retention: retention.filter(|&n| n > 0),
         preview_egress: args.egress.policy(file.egress)?,
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
-        listener: args.listener.options(),
+        listener: args.listener.options(file.listener),
         ..defaults
     };
     Ok(RegistrySettings {

@@ -128,31 +128,13 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         });
     }
     let defaults = WorkerOptions::default();
-    let pool_defaults = defaults.pool;
+    let catalog_wait = file
+        .pool
+        .catalog_wait_ms
+        .map_or(defaults.catalog_wait, Duration::from_millis);
     let pool = PoolOptions {
-        max_inflight_calls: file
-            .pool
-            .max_inflight_calls
-            .unwrap_or(pool_defaults.max_inflight_calls),
-        max_child_processes: file
-            .pool
-            .max_child_processes
-            .unwrap_or(pool_defaults.max_child_processes),
-        initialize_timeout: file
-            .pool
-            .initialize_timeout_ms
-            .map_or(pool_defaults.initialize_timeout, Duration::from_millis),
-        idle_timeout: match file.pool.idle_timeout_secs {
-            Some(0) => None,
-            Some(secs) => Some(Duration::from_secs(secs)),
-            None => pool_defaults.idle_timeout,
-        },
-        tools_ttl: file
-            .pool
-            .tools_ttl_secs
-            .map_or(pool_defaults.tools_ttl, Duration::from_secs),
         egress: args.egress.policy(file.egress)?,
-        ..pool_defaults
+        ..file.pool.over(defaults.pool)
     };
     let warm_up = if args.warm_up.is_empty() {
         file.warm_up
@@ -198,12 +180,9 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         warm_up,
         upstream: args.upstream.options(file.upstream)?,
         audit: file.audit.into_options(),
-        catalog_wait: file
-            .pool
-            .catalog_wait_ms
-            .map_or(defaults.catalog_wait, Duration::from_millis),
+        catalog_wait,
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
-        listener: args.listener.options(),
+        listener: args.listener.options(file.listener),
         ..defaults
     };
     let log = args.log.settings(file.log)?;
