@@ -47,6 +47,8 @@ type Writer<W> = FramedWrite<W, JsonRpcMessageCodec<TxJsonRpcMessage<RoleClient>
 /// Why an answer was dropped, as put in the error's `data.reason`.
 const TOO_LARGE: &str = "too_large";
 const UNPARSABLE: &str = "unparsable";
+/// Rate-limited event kind of an unparsable line that answers no request.
+const IGNORED_MESSAGE: &str = "ignored_message";
 
 /// The error a request gets when this transport dropped its answer, or
 /// `None` for an error the server sent itself.
@@ -347,7 +349,9 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
             // Notifications of methods rmcp does not know fail to parse
             // too; rmcp ignores those, and so does this reader.
             (Refusal::Unparsable(_), None) => {
-                tracing::debug!(server_id, error = %message, "ignoring a server message");
+                if let Some(suppressed) = self.log.events().admit(IGNORED_MESSAGE) {
+                    tracing::debug!(server_id, suppressed, error = %message, "ignoring a server message");
+                }
             }
             _ => {
                 if let Some(suppressed) = self.log.events().admit("dropped_message") {
@@ -389,6 +393,14 @@ mod tests {
     fn raw_server(
         answer: impl Fn(&str, &Value) -> Vec<String> + Send + 'static,
     ) -> StdioTransport<tokio::io::DuplexStream, tokio::io::DuplexStream> {
+        raw_server_logging_to(&ServerLog::new("raw"), answer)
+    }
+
+    /// [`raw_server`], its events going to `log`.
+    fn raw_server_logging_to(
+        log: &ServerLog,
+        answer: impl Fn(&str, &Value) -> Vec<String> + Send + 'static,
+    ) -> StdioTransport<tokio::io::DuplexStream, tokio::io::DuplexStream> {
         let (client_read, mut server_write) = tokio::io::duplex(1 << 16);
         let (server_read, client_write) = tokio::io::duplex(1 << 16);
         tokio::spawn(async move {
@@ -422,7 +434,7 @@ mod tests {
                 }
             }
         });
-        StdioTransport::new(client_read, client_write, MAX, &ServerLog::new("raw"))
+        StdioTransport::new(client_read, client_write, MAX, log)
     }
 
     async fn client(
@@ -504,5 +516,31 @@ mod tests {
         let err = mapped(err);
         assert!(matches!(err, McpError::Protocol(_)), "{err:?}");
         assert!(err.to_string().contains("recursion limit"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn garbage_lines_answering_nothing_are_logged_within_the_rate_limit() {
+        const GARBAGE: usize = 100;
+        let log = ServerLog::new("garbage");
+        let transport = raw_server_logging_to(&log, |_, id| {
+            let mut lines = vec!["not json, no id".to_owned(); GARBAGE];
+            lines.push(json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string());
+            lines
+        });
+        let service = client(transport).await;
+        let pong = tokio::time::timeout(
+            Duration::from_secs(5),
+            service
+                .peer()
+                .send_request(rmcp::model::ClientRequest::PingRequest(
+                    rmcp::model::PingRequest::default(),
+                )),
+        )
+        .await
+        .expect("ping in time");
+        assert!(pong.is_ok(), "{pong:?}");
+        // Read in order: every garbage line was taken before the answer, and
+        // they used up the burst of the event's rate limit.
+        assert_eq!(log.events().admit(IGNORED_MESSAGE), None);
     }
 }
