@@ -42,9 +42,10 @@ fi
 # The official Python peers, in a venv made once and reused while it holds
 # the pinned versions: the OpenAI SDK (caller of tests/e2e/openai_sdk.rs), the
 # MCP SDK `mcp` 2.x (servers and clients of the hostile-peer and gateway
-# tests) and grpcio-reflection (a Python client of the registry's gRPC
-# reflection).
-PY_PINS="openai==3.54.0 mcp==2.3.0 grpcio==1.85.1 grpcio-reflection==1.85.1"
+# tests), grpcio-reflection (a Python client of the registry's gRPC
+# reflection) and kubernetes-validate (the schemas tests/e2e/kubernetes.rs
+# checks deploy/kubernetes against).
+PY_PINS="openai==3.54.0 mcp==2.3.0 grpcio==1.85.1 grpcio-reflection==1.85.1 kubernetes-validate==1.37.0"
 pyenv="$PWD/target/pyenv"
 if "$pyenv/bin/python" - $PY_PINS >/dev/null 2>&1 <<'PY'
 import sys, importlib.metadata as m

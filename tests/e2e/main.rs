@@ -18,6 +18,7 @@ mod listeners;
 mod hostile_calls;
 mod hostile_output;
 mod hostile_servers;
+mod kubernetes;
 mod metrics;
 mod openai_sdk;
 mod otlp;
