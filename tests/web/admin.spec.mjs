@@ -357,7 +357,10 @@ async function scenarios() {
     await page.click(tid('add-transform'));
     await page.locator(tid('transform-a')).last().fill('bad prefix');
     await addItem('allowed_tools', ''); // a blank row is no pattern
+    await addItem('allowed_resources', 'ui://*');
+    await addItem('allowed_resources', 'file:///my notes/*');
     await page.click(tid('save'));
+    await expectText(page.locator(`${tid('field-error')}[data-for="allowed_resources[1]"]`), 'whitespace');
     await expectText(page.locator(`${tid('field-error')}[data-for="transform[0].prefix"]`), 'may only contain');
     const concurrency = page.locator(`${tid('field-error')}[data-for="budgets.max_concurrency"]`);
     await expectText(concurrency, 'between 1 and');

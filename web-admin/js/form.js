@@ -664,6 +664,12 @@ export function serverPage(ctx, { id }) {
       previewStatus,
       previewBody);
 
+    const content = card('Resources and prompts',
+      'Default deny, like tools: with no pattern, no resource or prompt of this server is offered. Resource patterns match the whole URI, prompt patterns the name; * matches any substring, / included, and \\? is a literal ?. Served by the planned MCP gateway; tools are unaffected.',
+      h('div', { class: 'grid-2' },
+        field('allowed_resources', 'Allowed resources', listEditor('allowed_resources', r.allowed_resources, { placeholder: 'file:///data/*.md', addLabel: '+ Add URI pattern' })),
+        field('allowed_prompts', 'Allowed prompts', listEditor('allowed_prompts', r.allowed_prompts, { placeholder: 'summarize*', addLabel: '+ Add pattern' }))));
+
     const approval = card('Approval', null,
       h('div', { class: 'grid-2' },
         field('approval_policy', 'Approval policy', selectInput('approval_policy', r.approval_policy ?? 'never',
@@ -710,7 +716,7 @@ export function serverPage(ctx, { id }) {
       onsubmit: (event) => { event.preventDefault(); if (!readOnly) save(); },
       oninput: () => changed(),
       onchange: () => changed(),
-    }, formBanner, general, connection, tools, approval, budgetsCard, labels, footer);
+    }, formBanner, general, connection, tools, content, approval, budgetsCard, labels, footer);
 
     replace(el, header(stored), ...banners, stored ? statusCard() : null, form);
     syncSections();

@@ -274,6 +274,11 @@ max_concurrency = 2
         assert!(spec.allowed_tools.is_empty());
         assert!(spec.allowed_resources.is_empty());
         assert!(spec.allowed_prompts.is_empty());
+        // Empty resource and prompt lists are left out; allowed_tools is not.
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["allowed_tools"], serde_json::json!([]));
+        assert!(json.get("allowed_resources").is_none());
+        assert!(json.get("allowed_prompts").is_none());
         assert_eq!(spec.effective_tool_namespace(), "mcp.a");
         assert_eq!(spec.budgets, crate::record::Budgets::default());
     }

@@ -193,12 +193,14 @@ pub struct McpServerSpec {
     pub denied_tools: Vec<String>,
     /// Patterns of resource URIs callers may read through the MCP gateway,
     /// matched against the whole URI (`file:///data/*.md`, `ui://*`).
-    /// Empty: none (default deny).
-    #[serde(default)]
+    /// Empty: none (default deny). Unlike `allowed_tools`, an empty list is
+    /// left out of the record's JSON and TOML forms, so records that do not
+    /// use it read exactly as before the field existed (likewise below).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_resources: Vec<String>,
     /// Patterns of prompt names callers may get through the MCP gateway.
     /// Empty: none (default deny).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_prompts: Vec<String>,
     /// Whether calls need an approval.
     #[serde(default)]
