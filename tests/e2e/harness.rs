@@ -964,15 +964,12 @@ impl Stack {
     }
 }
 
-/// Path of the `quiver-testkit-mcp` binary (built next to `quiver`).
+/// Path of the `quiver-testkit-mcp` binary (built next to `quiver`), as
+/// the text records and commands take.
 pub fn testkit_mcp_bin() -> String {
-    let path = std::path::Path::new(quiver_bin()).with_file_name("quiver-testkit-mcp");
-    assert!(
-        path.is_file(),
-        "{} is missing; build it: cargo build -p quiver-testkit",
-        path.display()
-    );
-    path.to_str().expect("utf-8 path").to_owned()
+    quiver_testkit::mcp_server::testkit_mcp_bin()
+        .display()
+        .to_string()
 }
 
 /// A `quiver-testkit-mcp` process serving an HTTP transport; killed on drop.
@@ -1055,6 +1052,24 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The sum of the samples of `metric` on the `/metrics` page at
+/// `metrics_url` whose labels hold every one of `labels` (`name="value"`);
+/// 0 when there is none.
+pub async fn metric_sum(metrics_url: &str, metric: &str, labels: &[&str]) -> f64 {
+    let page = reqwest::get(metrics_url)
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let prefix = format!("{metric}{{");
+    page.lines()
+        .filter(|line| line.starts_with(&prefix))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .fold(0.0, |sum, sample| sum + sample)
 }
 
 /// One line of `/proc/<pid>/stat`, the fields the tests need.

@@ -18,8 +18,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::harness::{
-    ADMIN, Admin, CALLER, WORKER, WorkerProcess, eventually, injected, quiver_command, registry,
-    sqlite,
+    ADMIN, Admin, CALLER, WORKER, WorkerProcess, eventually, injected, metric_sum, quiver_command,
+    registry, sqlite,
 };
 use crate::openai_sdk::sdk_python;
 
@@ -40,21 +40,6 @@ fn record(server_id: &str, command: &str, args: &[&str], budgets: Value) -> Valu
         "allowed_tools": ["*"],
         "budgets": budgets,
     })
-}
-
-/// The sum of the samples of `metric` whose labels hold every `label`.
-async fn metric_sum(worker_url: &str, metric: &str, labels: &[&str]) -> f64 {
-    let text = reqwest::get(format!("{worker_url}/metrics"))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .filter(|line| line.starts_with(&format!("{metric}{{")))
-        .filter(|line| labels.iter().all(|label| line.contains(label)))
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .fold(0.0, |sum, sample| sum + sample)
 }
 
 /// The most calls any process of a peer worked on at once (each process
@@ -139,7 +124,7 @@ async fn max_concurrency_holds_as_the_server_sees_it_when_calls_time_out() {
         let timeouts = codes.iter().filter(|c| c.as_str() == "mcp_timeout").count();
         let (max, processes) = peer_concurrency(&stats.path().join(server_id));
         let recycled = metric_sum(
-            &worker.url(),
+            &format!("{}/metrics", worker.url()),
             "mcp_connection_recycled_total",
             &[&format!("server_id=\"{server_id}\"")],
         )
@@ -275,7 +260,7 @@ async fn a_log_and_garbage_flood_leaves_the_worker_log_small_and_the_worker_resp
     }
     let log_growth = worker.log_bytes() - before;
     let messages = metric_sum(
-        &worker.url,
+        &format!("{}/metrics", worker.url),
         "mcp_server_log_messages_total",
         &["server_id=\"flood\"", "level=\"warning\""],
     )

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
-use crate::harness::{RegistryProcess, WorkerProcess, eventually};
+use crate::harness::{RegistryProcess, WorkerProcess, eventually, metric_sum};
 use crate::worker::{ADMIN, CALLER, WORKER};
 
 /// The connection cap of every listener in the flood test.
@@ -185,19 +185,6 @@ async fn list_servers(grpc_url: String) -> Result<(), String> {
         .map_err(|status| format!("ListMcpServers: {status}"))
 }
 
-/// The value of the sample `name{labels}` on a `/metrics` page (0 when absent).
-async fn metric(metrics_url: &str, name_and_labels: &str) -> f64 {
-    let page = reqwest::get(metrics_url)
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    page.lines()
-        .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_flood_is_shed_while_health_and_calls_answer_and_memory_returns() {
     raise_own_descriptor_limit((WORKER_FLOOD + 2 * REGISTRY_FLOOD + 256) as u64);
@@ -269,16 +256,14 @@ async fn half_open_flood_is_shed_while_health_and_calls_answer_and_memory_return
         (&registry_metrics, "registry_http"),
         (&registry_metrics, "registry_grpc"),
     ] {
-        let evicted = metric(
+        let listener_label = format!(r#"listener="{listener}""#);
+        let evicted = metric_sum(
             url,
-            &format!(r#"http_connections_shed_total{{listener="{listener}",reason="evicted"}}"#),
+            "http_connections_shed_total",
+            &[&listener_label, r#"reason="evicted""#],
         )
         .await;
-        let open = metric(
-            url,
-            &format!(r#"http_connections_open{{listener="{listener}"}}"#),
-        )
-        .await;
+        let open = metric_sum(url, "http_connections_open", &[&listener_label]).await;
         eprintln!("{listener}: {evicted} evicted, {open} open");
         assert!(evicted > 0.0, "{listener}: no connection was shed");
         assert!(
@@ -293,11 +278,14 @@ async fn half_open_flood_is_shed_while_health_and_calls_answer_and_memory_return
         (&registry_metrics, "registry_http"),
         (&registry_metrics, "registry_grpc"),
     ] {
-        let gauge = format!(r#"http_connections_open{{listener="{listener}"}}"#);
+        let listener_label = format!(r#"listener="{listener}""#);
         eventually(
             Duration::from_secs(5),
             &format!("{listener} connections closed"),
-            || async { (metric(url, &gauge).await <= 2.0).then_some(()) },
+            || async {
+                let open = metric_sum(url, "http_connections_open", &[&listener_label]).await;
+                (open <= 2.0).then_some(())
+            },
         )
         .await;
     }

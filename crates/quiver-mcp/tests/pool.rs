@@ -5,30 +5,14 @@
 //! the end of everything a server started.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_mcp::{ErrorCode, HealthState, JsonObject, McpPool, PoolOptions};
 use quiver_model::{McpServerSpec, Source, StdioConfig, StoredServer, Transport};
+use quiver_testkit::mcp_server::testkit_mcp_bin;
 use serde_json::json;
-
-/// The `quiver-testkit-mcp` binary (test binaries live in
-/// `target/<profile>/deps/`, binaries in `target/<profile>/`).
-fn testkit_mcp_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("quiver-testkit-mcp");
-    assert!(
-        path.is_file(),
-        "{} is missing; build it: cargo build -p quiver-testkit",
-        path.display()
-    );
-    path
-}
 
 /// A stdio record running `script` with `sh -c` in `dir` (`$SERVER` is the
 /// test MCP server), with the given budgets.

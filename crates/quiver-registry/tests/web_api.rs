@@ -10,7 +10,7 @@
 mod common;
 
 use std::future::IntoFuture;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ use quiver_store::{SqlStore, Store};
 use quiver_testkit::legacy_sse;
 use quiver_testkit::mcp_server::{
     FULL_TOOL_NAMES, LONG_TOOL_NAME, SERVER_NAME, TestServer, spawn_streamable_http,
+    testkit_mcp_bin,
 };
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -36,23 +37,6 @@ use tokio_util::sync::CancellationToken;
 const SERVERS: &str = "/admin/api/mcp/servers";
 const PREVIEW: &str = "/admin/api/mcp/preview";
 const EVALUATE: &str = "/admin/api/mcp/evaluate";
-
-/// The `quiver-testkit-mcp` binary next to this test's target directory.
-fn testkit_mcp_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // Test binaries live in target/<profile>/deps/, binaries in target/<profile>/.
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("quiver-testkit-mcp");
-    assert!(
-        path.is_file(),
-        "{} is missing; build it: cargo build -p quiver-testkit",
-        path.display()
-    );
-    path
-}
 
 /// A stdio record running `program args…` through `sh`, which writes the
 /// server's pid (`exec` keeps it) to `<dir>/pid` first; `dir` is the cwd.

@@ -6,7 +6,6 @@
 //! every refusal — the framework's too — is the JSON error object.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use quiver_model::policy::TaskPolicy;
 use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
 use quiver_store::{Store, UpsertRequest};
 use quiver_sync::{SyncOptions, SyncService};
+use quiver_testkit::mcp_server::testkit_mcp_bin;
 use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, Callers, CallersConfig};
@@ -30,23 +30,6 @@ use tower::ServiceExt;
 const TOKEN: &str = "caller-secret";
 /// A caller whose task may only use server `other`.
 const NARROW_TOKEN: &str = "narrow-secret";
-
-/// The `quiver-testkit-mcp` binary (test binaries live in
-/// `target/<profile>/deps/`, binaries in `target/<profile>/`).
-fn testkit_mcp_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("quiver-testkit-mcp");
-    assert!(
-        path.is_file(),
-        "{} is missing; build it: cargo build -p quiver-testkit",
-        path.display()
-    );
-    path
-}
 
 /// A worker's router over a registry holding one stdio record, `kit`.
 struct Edge {
