@@ -8,7 +8,7 @@
 //! call instead of a spawn per call. Every failure stays inside its entry:
 //! other servers never wait on it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
@@ -183,6 +183,10 @@ struct Slot {
 struct Entry {
     /// The record; replaced in place when a change keeps the connection.
     server: ArcSwap<StoredServer>,
+    /// The newest revision this entry's record has had. After a registry
+    /// restored from a backup the record can be older than that, and a call
+    /// holding a record resolved before the restore must not bring it back.
+    newest_revision: AtomicU64,
     launch: Result<Launch, McpError>,
     slot: tokio::sync::Mutex<Slot>,
     /// A copy of the slot's connection for lock-free fast paths and health.
@@ -212,6 +216,7 @@ impl Entry {
                 .and_then(|launch| options.egress.check_launch(&launch).map(|()| launch)),
             calls: ArcSwap::from_pointee(call_slots(&server.spec)),
             log: ServerLog::new(&server.spec.server_id),
+            newest_revision: AtomicU64::new(server.revision),
             server: ArcSwap::new(server),
             slot: tokio::sync::Mutex::new(Slot::default()),
             live: Mutex::new(None),
@@ -226,8 +231,10 @@ impl Entry {
         }
     }
 
-    /// Takes a newer record that needs no new connection.
+    /// Takes another record that needs no new connection.
     fn update(&self, server: &Arc<StoredServer>) {
+        self.newest_revision
+            .fetch_max(server.revision, Ordering::Relaxed);
         let old = self.server.swap(server.clone());
         if old.spec.budgets.max_concurrency != server.spec.budgets.max_concurrency {
             self.calls.store(Arc::new(call_slots(&server.spec)));
@@ -319,6 +326,19 @@ fn restart_backoff(options: &PoolOptions) -> backon::ExponentialBackoff {
         .build()
 }
 
+/// Which records [`McpPool::reconcile`] lets replace an entry's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adopt {
+    /// A call's record, resolved from some snapshot: only one newer than
+    /// any the entry has had (a call that raced with a newer snapshot must
+    /// not roll it back).
+    IfNewer,
+    /// The current snapshot's record, whatever its revision: a registry
+    /// restored from a backup moves revisions backwards, and the worker
+    /// follows it on purpose.
+    Current,
+}
+
 fn call_slots(spec: &McpServerSpec) -> Semaphore {
     Semaphore::new((spec.budgets.max_concurrency as usize).max(1))
 }
@@ -359,7 +379,7 @@ impl McpPool {
     fn entry(&self, server: &Arc<StoredServer>) -> Arc<Entry> {
         let (entry, retired) = {
             let mut entries = self.entries();
-            self.reconcile(&mut entries, server)
+            self.reconcile(&mut entries, server, Adopt::IfNewer)
         };
         if let Some(retired) = retired {
             retire(retired, Arc::downgrade(&self.inner));
@@ -367,26 +387,37 @@ impl McpPool {
         entry
     }
 
-    /// Makes the entry of `server` current: a newer record that keeps the
-    /// connection settings updates the entry in place; one that changes them
-    /// replaces the entry, whose old connection is returned for retiring.
+    /// Makes the entry of `server` current, if `adopt` lets the record
+    /// replace the entry's: one that keeps the connection settings updates
+    /// the entry in place; one that changes them replaces the entry, whose
+    /// old connection is returned for retiring.
     fn reconcile(
         &self,
         entries: &mut HashMap<String, Arc<Entry>>,
         server: &Arc<StoredServer>,
+        adopt: Adopt,
     ) -> (Arc<Entry>, Option<Arc<Entry>>) {
         let id = &server.spec.server_id;
+        let mut newest_revision = server.revision;
         if let Some(entry) = entries.get(id) {
             let current = entry.server.load();
-            if current.revision >= server.revision {
+            let keep = match adopt {
+                Adopt::IfNewer => entry.newest_revision.load(Ordering::Relaxed) >= server.revision,
+                Adopt::Current => Arc::ptr_eq(&current, server) || **current == **server,
+            };
+            if keep {
                 return (entry.clone(), None);
             }
             if same_connection(&current.spec, &server.spec) {
                 entry.update(server);
                 return (entry.clone(), None);
             }
+            newest_revision = newest_revision.max(entry.newest_revision.load(Ordering::Relaxed));
         }
         let entry = Arc::new(Entry::new(server.clone(), &self.inner.options));
+        entry
+            .newest_revision
+            .store(newest_revision, Ordering::Relaxed);
         let retired = entries.insert(id.clone(), entry.clone());
         (entry, retired)
     }
@@ -394,12 +425,11 @@ impl McpPool {
     /// Applies a new registry snapshot (R-SYNC-6): servers that are gone or
     /// disabled are closed, servers whose connection settings changed are
     /// restarted (calls in flight finish on the old connection), and the tool
-    /// caches of every changed server are dropped.
-    pub fn apply_snapshot(
-        &self,
-        servers: &BTreeMap<String, Arc<StoredServer>>,
-        changed: &BTreeSet<String>,
-    ) {
+    /// caches of every changed server are dropped. Every entry takes the
+    /// snapshot's record, whatever its revision (see [`Adopt::Current`]);
+    /// unchanged records are the same allocation, so checking all is cheap
+    /// and needs no list of what changed (which coalesced updates could lose).
+    pub fn apply_snapshot(&self, servers: &BTreeMap<String, Arc<StoredServer>>) {
         let mut retired = Vec::new();
         {
             let mut entries = self.entries();
@@ -410,9 +440,10 @@ impl McpPool {
                 }
                 keep
             });
-            for id in changed {
-                if let (true, Some(server)) = (entries.contains_key(id), servers.get(id)) {
-                    retired.extend(self.reconcile(&mut entries, server).1);
+            let ids: Vec<String> = entries.keys().cloned().collect();
+            for id in ids {
+                if let Some(server) = servers.get(&id) {
+                    retired.extend(self.reconcile(&mut entries, server, Adopt::Current).1);
                 }
             }
         }

@@ -1,8 +1,9 @@
 //! The pool against the real test MCP server (`quiver-testkit-mcp`, build it
 //! first: `cargo build -p quiver-testkit`) as a stdio child, started through
 //! `sh` so that each test can see the processes it starts: single-flight
-//! connect, restart backoff, idle close, call slots held past a timeout, and
-//! the end of everything a server started.
+//! connect, restart backoff, idle close, call slots held past a timeout,
+//! the end of everything a server started, and the records of a registry
+//! restored from a backup.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -338,7 +339,7 @@ async fn setsid_descendants_end_with_their_server_on_removal_and_on_shutdown() {
 
     // The record is deleted: only its server's sleepers go.
     let servers = BTreeMap::from([("kept".to_owned(), kept.clone())]);
-    pool.apply_snapshot(&servers, &BTreeSet::new());
+    pool.apply_snapshot(&servers);
     eventually(
         Duration::from_secs(5),
         "sleepers of the removed server gone",
@@ -361,4 +362,82 @@ async fn setsid_descendants_end_with_their_server_on_removal_and_on_shutdown() {
     eprintln!(
         "setsid sleepers {removed_sleepers:?} (removal) and {kept_sleepers:?} (shutdown) ended"
     );
+}
+
+/// `server` at `revision`, with `change` applied to its record.
+fn at_revision(
+    server: &Arc<StoredServer>,
+    revision: u64,
+    change: impl FnOnce(&mut McpServerSpec),
+) -> Arc<StoredServer> {
+    let mut server = StoredServer::clone(server);
+    server.revision = revision;
+    change(&mut server.spec);
+    Arc::new(server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_registry_s_older_records_replace_newer_ones_and_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let started_as = |name: &str| format!("echo $$ >> {name}; exec \"$SERVER\"");
+    let before_restore = at_revision(
+        &record("kit", dir.path(), &started_as("before"), 4, 10_000),
+        10,
+        |_| {},
+    );
+    let pool = McpPool::new(PoolOptions::default());
+    let echo = |text: &str| arguments(json!({"text": text}));
+    pool.call_tool(&before_restore, "echo", echo("a"))
+        .await
+        .unwrap();
+    let first: i32 = lines(&dir.path().join("before"))[0].parse().unwrap();
+
+    // The registry is restored from a backup: the worker adopts its state,
+    // where the record is at revision 3 and starts differently.
+    let restored = at_revision(
+        &record("kit", dir.path(), &started_as("restored"), 4, 10_000),
+        3,
+        |_| {},
+    );
+    let snapshot =
+        |server: &Arc<StoredServer>| BTreeMap::from([("kit".to_owned(), server.clone())]);
+    pool.apply_snapshot(&snapshot(&restored));
+    let outcome = pool.call_tool(&restored, "echo", echo("b")).await.unwrap();
+    assert_eq!(text(&outcome), "b");
+    assert_eq!(
+        lines(&dir.path().join("restored")).len(),
+        1,
+        "the restored record's server serves"
+    );
+    eventually(Duration::from_secs(5), "the old server ended", || {
+        gone(first)
+    })
+    .await;
+
+    // A call holding the record it resolved before the restore does not
+    // bring the old one back.
+    let outcome = pool
+        .call_tool(&before_restore, "echo", echo("c"))
+        .await
+        .unwrap();
+    assert_eq!(text(&outcome), "c");
+    assert_eq!(lines(&dir.path().join("before")).len(), 1);
+    assert_eq!(lines(&dir.path().join("restored")).len(), 1);
+
+    // A change of budgets at a revision still below 10 is taken in place,
+    // on the same connection.
+    let tighter = at_revision(&restored, 4, |spec| {
+        spec.budgets.max_tool_output_bytes = 10;
+    });
+    pool.apply_snapshot(&snapshot(&tighter));
+    let outcome = pool
+        .call_tool(&before_restore, "echo", echo(&"x".repeat(100)))
+        .await
+        .unwrap();
+    assert!(
+        outcome.output.truncated(),
+        "the snapshot's budget applies: {outcome:?}"
+    );
+    assert_eq!(lines(&dir.path().join("restored")).len(), 1);
+    pool.shutdown().await;
 }

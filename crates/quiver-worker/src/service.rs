@@ -218,7 +218,7 @@ async fn follow_snapshots(
     let mut updates = snapshot.subscribe();
     loop {
         let update = updates.borrow_and_update().clone();
-        pool.apply_snapshot(&update.snapshot.servers, &update.changed);
+        pool.apply_snapshot(&update.snapshot.servers);
         for id in &warm_up {
             if let Some(server) = update.snapshot.get(id).filter(|s| s.spec.enabled) {
                 let (pool, server) = (pool.clone(), server.clone());
