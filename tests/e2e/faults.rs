@@ -34,8 +34,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, Client, Stack, WorkerProcess, WriteLoad, eventually, proc_stat, processes, quiver_bin,
-    sqlite, stdio_spec, upsert, upserted_revision,
+    Admin, Client, Stack, WorkerProcess, WriteLoad, eventually, metric_sum, proc_stat, processes,
+    quiver_bin, sqlite, stdio_spec, upsert, upserted_revision,
 };
 use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
@@ -739,6 +739,7 @@ async fn mcp_child_sigkill_mid_call_x100() {
 async fn hung_server_and_output_flood() {
     const FLOOD_BYTES: u64 = 100_000_000;
     const RSS_BOUND_KIB: u64 = 300 * 1024;
+    const HUNG_CALLS: u64 = 8;
     let mut figures = Figures::new("hung_and_flood");
     let stack = Stack::sqlite().await;
     stack
@@ -746,7 +747,9 @@ async fn hung_server_and_output_flood() {
         .upsert(budgeted(
             "hung",
             &["sleep", "stats"],
-            json!({"tool_timeout_ms": 1000}),
+            // One slot more than the hung calls take: while their slots stay
+            // held (cancel_grace), `stats` can still see the server.
+            json!({"tool_timeout_ms": 1000, "max_concurrency": HUNG_CALLS + 1}),
         ))
         .await;
     stack.admin.upsert(stdio_record("steady", &["echo"])).await;
@@ -784,7 +787,10 @@ async fn hung_server_and_output_flood() {
 
     // Hung: 8 calls that never answer in time, the worker answering others meanwhile.
     let hung = injected("hung", "sleep");
-    let hung_calls = futures::future::join_all((0..8).map(|_| async {
+    assert_eq!(stats(worker, "hung").await["calls"], 0);
+    let hung_pid = child_pid(worker, "hung").await.expect("hung pid");
+    let hung_process = proc_stat(hung_pid).expect("hung server is running");
+    let hung_calls = futures::future::join_all((0..HUNG_CALLS).map(|_| async {
         let started = Instant::now();
         let (status, body) = worker.call(&hung, json!({"ms": 600_000})).await;
         (status, body, started.elapsed())
@@ -823,23 +829,71 @@ async fn hung_server_and_output_flood() {
         "hung: 8 calls at tool_timeout_ms 1000 → mcp_timeout after {:.2?}..{:.2?}; \
          echo + /readyz meanwhile max {:.1?}",
         hung_took[0],
-        hung_took[7],
+        hung_took[hung_took.len() - 1],
         latencies.last().unwrap()
     ));
     assert!(
-        hung_took[0] >= Duration::from_millis(1000) && hung_took[7] < Duration::from_secs(4),
+        hung_took[0] >= Duration::from_millis(1000)
+            && hung_took[hung_took.len() - 1] < Duration::from_secs(4),
         "mcp_timeout answered after {hung_took:?}"
     );
     assert!(
         *latencies.last().unwrap() < Duration::from_secs(2),
         "the worker was slow while calls hung: {latencies:?}"
     );
-    let hung_stats = eventually(Duration::from_secs(3), "hung calls cancelled", || async {
-        let seen = stats(worker, "hung").await;
-        (seen["inflight_now"] == 0).then_some(seen)
+    let timed_out = Instant::now();
+    // The server was told to cancel them, and stopped them. As MCP asks, it
+    // does not answer a cancelled call, so their slots stay held ...
+    let hung_stats = eventually(
+        Duration::from_millis(1500),
+        "hung calls cancelled",
+        || async {
+            let seen = stats(worker, "hung").await;
+            (seen["inflight_now"] == 0 && seen["cancelled"] == HUNG_CALLS).then_some(seen)
+        },
+    )
+    .await;
+    assert_eq!(child_pid(worker, "hung").await, Some(hung_pid));
+    // ... until cancel_grace (2 s by default) has passed; then the connection
+    // is recycled, once for all eight, and the next call starts a new server.
+    let hung_recycled = |expected: f64| async move {
+        let recycled = metric_sum(
+            &format!("{}/metrics", worker.url()),
+            "mcp_connection_recycled_total",
+            &[r#"server_id="hung""#, r#"reason="cancel_unanswered""#],
+        )
+        .await;
+        assert!(recycled <= expected, "hung: {recycled} recycles");
+        recycled == expected
+    };
+    eventually(
+        Duration::from_secs(5),
+        "hung connection recycled",
+        || async {
+            let (status, body) = worker.call(&injected("hung", "stats"), json!({})).await;
+            let served = status == StatusCode::OK && hung_recycled(1.0).await;
+            served.then_some(body)
+        },
+    )
+    .await;
+    let recycled_after = timed_out.elapsed();
+    let new_pid = child_pid(worker, "hung").await.expect("new hung pid");
+    assert_ne!(new_pid, hung_pid, "the recycled server still serves");
+    eventually(Duration::from_secs(2), "recycled server ended", || async {
+        proc_stat(hung_pid)
+            .is_none_or(|now| now.start_time != hung_process.start_time)
+            .then_some(())
     })
     .await;
-    figures.note(format!("hung server after the timeouts: {hung_stats}"));
+    assert!(hung_recycled(1.0).await);
+    figures.note(format!(
+        "hung server after the timeouts: {hung_stats}; its slots held until the connection was \
+         recycled (once) {recycled_after:.2?} after the timeouts (cancel_grace 2 s), the next call served by a new process"
+    ));
+    assert!(
+        recycled_after >= Duration::from_millis(1800),
+        "recycled {recycled_after:?} after the timeouts, before cancel_grace"
+    );
 
     // Flood: one call answered with 100 MB, RSS sampled all along.
     let (rss_before, hwm_before) = memory_kib(pid);
@@ -911,7 +965,7 @@ async fn hung_server_and_output_flood() {
     ));
     assert!(
         (status == StatusCode::GATEWAY_TIMEOUT && code == "mcp_timeout")
-            || (status == StatusCode::OK && code == "mcp_output_too_large"),
+            || (status == StatusCode::BAD_GATEWAY && code == "mcp_output_too_large"),
         "100 MB answer: {status} {}",
         truncate_for_message(&body)
     );
@@ -966,8 +1020,11 @@ async fn five_hundred_calls_at_max_concurrency_4() {
     stack.synced(head).await;
     let worker = &*stack.worker;
 
+    let metrics_url = format!("{}/metrics", worker.url());
     for (server_id, ms, timeout) in [("roomy", 10, 30_000u64), ("tight", 50, 1_000)] {
         let name = injected(server_id, "inflight");
+        assert_eq!(stats(worker, server_id).await["calls"], 0);
+        let pid = child_pid(worker, server_id).await.expect("server pid");
         let started = Instant::now();
         let results = futures::future::join_all((0..CALLS).map(|_| async {
             let started = Instant::now();
@@ -978,8 +1035,15 @@ async fn five_hundred_calls_at_max_concurrency_4() {
         let wall = started.elapsed();
         let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
         let mut latencies = Vec::new();
+        // Each answer of `inflight` carries the most calls the server had
+        // worked on at once until then.
+        let mut answered_max = 0;
         for (status, body, took) in &results {
             let outcome = if *status == StatusCode::OK && body["is_error"] == false {
+                let seen = body["content"][0]["text"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok());
+                answered_max = answered_max.max(seen.expect("inflight answers a count"));
                 "ok".to_owned()
             } else {
                 format!("{status} {}", body["error"]["code"])
@@ -988,30 +1052,50 @@ async fn five_hundred_calls_at_max_concurrency_4() {
             latencies.push(*took);
         }
         latencies.sort();
+        // A timed-out call keeps its slot until the server answers it or
+        // cancel_grace (2 s) after its cancellation; then the connection is
+        // recycled. The test server stops a cancelled call without answering
+        // it, so the tight round usually ends in one recycle.
+        if server_id == "tight" {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+        }
+        let server_label = format!(r#"server_id="{server_id}""#);
+        let recycled = metric_sum(
+            &metrics_url,
+            "mcp_connection_recycled_total",
+            &[&server_label],
+        )
+        .await;
         let seen = stats(worker, server_id).await;
+        let new_pid = child_pid(worker, server_id).await.expect("server pid");
         figures.note(format!(
             "{server_id}: {CALLS} concurrent inflight({ms} ms) at max_concurrency 4, tool_timeout_ms {timeout}: \
-             {outcomes:?} in {wall:.2?}; latency p50 {:.2?} p99 {:.2?} max {:.2?}; server {seen}",
+             {outcomes:?} in {wall:.2?}; latency p50 {:.2?} p99 {:.2?} max {:.2?}; the server saw at most \
+             {answered_max} at once; {recycled} recycle(s) after the timed-out calls' cancel_grace; server then {seen}",
             percentile(&latencies, 50),
             percentile(&latencies, 99),
             latencies.last().unwrap()
         ));
+        // The server never works on more than max_concurrency calls, whether
+        // calls time out or not (timed-out calls keep their slots).
+        assert!(
+            (1..=4).contains(&answered_max),
+            "{server_id}: the server saw {answered_max} calls at once"
+        );
         let inflight_max = seen["inflight_max"].as_u64().expect("inflight_max");
-        // Without timeouts the server never sees more than max_concurrency.
-        // A timed-out call frees its slot when the worker gives up and sends
-        // notifications/cancelled; the server stops it a moment later, so
-        // with timeouts it can briefly see more (recorded, see
-        // RELIABILITY.md "max_concurrency and timed-out calls").
-        if server_id == "roomy" {
-            assert!(
-                (1..=4).contains(&inflight_max),
-                "{server_id}: inflight_max {inflight_max}: {seen}"
-            );
-        }
-        eventually(Duration::from_secs(3), "no call left running", || async {
-            (stats(worker, server_id).await["inflight_now"] == 0).then_some(())
-        })
-        .await;
+        assert!(inflight_max <= 4, "{server_id}: inflight_max: {seen}");
+        // Recycled at most once, however many calls gave up on the connection;
+        // a recycle ends the server: nothing is left running on it.
+        assert!(recycled <= 1.0, "{server_id}: {recycled} recycles");
+        assert_eq!(
+            recycled == 1.0,
+            new_pid != pid,
+            "{server_id}: pid {pid} → {new_pid} with {recycled} recycle(s)"
+        );
+        assert_eq!(
+            seen["inflight_now"], 0,
+            "{server_id}: a call left running: {seen}"
+        );
         for (status, body, took) in &results {
             let clean = (*status == StatusCode::OK && body["is_error"] == false)
                 || (*status == StatusCode::GATEWAY_TIMEOUT
@@ -1030,6 +1114,7 @@ async fn five_hundred_calls_at_max_concurrency_4() {
         if server_id == "roomy" {
             assert_eq!(outcomes.get("ok"), Some(&CALLS), "roomy: {outcomes:?}");
             assert_eq!(seen["calls"], CALLS as u64, "{seen}");
+            assert_eq!(recycled, 0.0, "roomy: no call timed out, yet recycled");
         }
     }
 }
