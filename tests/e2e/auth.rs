@@ -1,4 +1,4 @@
-//! Credentials (SPEC §12) over both APIs, secret masking in REST reads, and
+//! Credentials (docs/reference.md §12) over both APIs, secret masking in REST reads, and
 //! the start-up refusals of unsafe credential configurations.
 
 use std::time::Duration;

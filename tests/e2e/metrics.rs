@@ -1,5 +1,5 @@
 //! `/metrics` of a real registry and worker after an end-to-end run: every
-//! series SPEC §11 names, plus the operability series of issue 6, is
+//! series docs/reference.md §11 names, plus the operability series of issue 6, is
 //! present with a non-zero value.
 //!
 //! The run: a stdio record of the test MCP server, successful calls, a
@@ -238,7 +238,7 @@ async fn metrics_show_every_series() {
     )
     .await;
 
-    // Registry: SPEC §11 (revision, watchers, upserts, errors) and issue 6.
+    // Registry: docs/reference.md §11 (revision, watchers, upserts, errors) and issue 6.
     assert_eq!(
         page.non_zero("quiver_registry_revision", &[], &[]),
         head as f64
@@ -261,7 +261,7 @@ async fn metrics_show_every_series() {
 
     eprintln!("registry /metrics after the run:\n{}", page.text);
 
-    // Worker: SPEC §11 and issue 6.
+    // Worker: docs/reference.md §11 and issue 6.
     let worker_metrics = format!("{}/metrics", worker.url());
     let page = Page::fetch(worker_metrics.clone()).await;
     let by_server = [("server_id", server)];

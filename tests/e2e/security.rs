@@ -1,4 +1,4 @@
-//! Security properties with real processes (SPEC §12): the egress allowlist
+//! Security properties with real processes (docs/reference.md §12): the egress allowlist
 //! of the HTTP transports (worker and registry preview), token files,
 //! secrets kept out of logs, and stdio children that cannot read the
 //! worker's environment unless their record passes a variable.

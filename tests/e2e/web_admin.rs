@@ -1,4 +1,4 @@
-//! The web admin (SPEC §5, R-UI-1…6) in a real browser: Debian's Chromium
+//! The web admin (docs/reference.md §5, R-UI-1…6) in a real browser: Debian's Chromium
 //! driven by playwright-core (`tests/web/admin.spec.mjs`) against a real
 //! registry process (SQLite, admin and worker tokens, an `mcp.d` directory)
 //! and a real worker following it, so worker status is real too.

@@ -253,7 +253,7 @@ export function serverPage(ctx, { id }) {
     }, addLabel));
   }
 
-  /** Ordered tool-name transform steps (SPEC §13.3). */
+  /** Ordered tool-name transform steps (docs/reference.md §13.3). */
   function transformEditor(path, steps) {
     const rowsEl = h('div', { class: 'rows', testid: `rows-${path}` });
     const empty = h('div', { class: 'rows-empty' }, 'No transform: tools keep their raw names');

@@ -1,4 +1,4 @@
-// Import a TOML/JSON file of records, and rescan mcp.d (R-UI-2, SPEC §5).
+// Import a TOML/JSON file of records, and rescan mcp.d (R-UI-2, docs/reference.md §5).
 
 import { servers as serversApi } from './api.js';
 import { h, replace, stateBox, badge } from './dom.js';

@@ -1,4 +1,4 @@
-// The MCP server record (SPEC §1) as JSON: metadata, paths, defaults.
+// The MCP server record (docs/reference.md §1) as JSON: metadata, paths, defaults.
 
 /** What a masked secret reads as; sent back unchanged, the registry keeps the stored value. */
 export const MASK = '********';
@@ -6,7 +6,7 @@ export const MASK = '********';
 /** Fields of a stored record that are not part of its content (never sent back). */
 export const METADATA = ['revision', 'created_at', 'updated_at', 'updated_by', 'source', 'unchanged', 'masked'];
 
-/** Defaults the registry applies (SPEC §1). */
+/** Defaults the registry applies (docs/reference.md §1). */
 export const DEFAULT_BUDGETS = {
   tool_timeout_ms: 30000,
   max_concurrency: 8,

@@ -1,4 +1,4 @@
-//! Bootstrap of MCP server records from an `mcp.d` directory (SPEC §4).
+//! Bootstrap of MCP server records from an `mcp.d` directory (docs/reference.md §4).
 //!
 //! Three steps, usable apart so `--dry-run` can stop after the second:
 //! [`scan`] reads and validates the directory, [`plan`] compares what the files

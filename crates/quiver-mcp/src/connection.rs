@@ -16,8 +16,8 @@ use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::ClientHandler;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, Peer, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit};
@@ -228,10 +228,9 @@ impl Connection {
                 // Transport errors quote the URL (reqwest: "error sending
                 // request for url (…?api_key=…)"); this text is logged and
                 // reported, so URL secrets are masked first.
-                McpError::Unavailable(message) => McpError::Unavailable(with_stderr(
-                    quiver_model::redact_urls(&message),
-                    stderr,
-                )),
+                McpError::Unavailable(message) => {
+                    McpError::Unavailable(with_stderr(quiver_model::redact_urls(&message), stderr))
+                }
                 other => other,
             })?;
         Ok(Connection {

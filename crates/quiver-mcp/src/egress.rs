@@ -1,4 +1,4 @@
-//! The egress allowlist of the HTTP transports (SPEC §12): which hosts a
+//! The egress allowlist of the HTTP transports (docs/reference.md §12): which hosts a
 //! worker (or the registry's tool preview) may connect to for
 //! `streamable_http` and `http_sse_legacy` records.
 //!

@@ -1,4 +1,4 @@
-//! The worker's MCP clients (SPEC §7): a pool of warm, budgeted connections
+//! The worker's MCP clients (docs/reference.md §7): a pool of warm, budgeted connections
 //! over the official `rmcp` SDK on three transports — stdio child processes,
 //! streamable HTTP, and the legacy HTTP+SSE transport ([`legacy_sse`],
 //! implemented here as an rmcp transport, since rmcp no longer ships one).

@@ -1,5 +1,5 @@
 //! One-off connections: connect, `initialize`, list every tool, close. The
-//! registry's "test connection" / tool preview (SPEC R-UI-3) uses this, so a
+//! registry's "test connection" / tool preview (docs/reference.md R-UI-3) uses this, so a
 //! preview goes through the same connection code as a worker's pool (stdio
 //! child in its own process group, streamable HTTP, legacy SSE) and fails the
 //! way a worker would.

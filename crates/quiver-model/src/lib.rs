@@ -1,4 +1,4 @@
-//! The Quiver domain model: the MCP server record (SPEC §1), its validation,
+//! The Quiver domain model: the MCP server record (docs/reference.md §1), its validation,
 //! its TOML/JSON forms, tool-name patterns, injected tool names and the
 //! layered tool policy, `${ENV:…}` references and the registry's revision and
 //! history types. Every other crate speaks these types.

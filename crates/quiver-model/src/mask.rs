@@ -1,4 +1,4 @@
-//! Masking of literal secrets for reads without the admin credential (SPEC §12),
+//! Masking of literal secrets for reads without the admin credential (docs/reference.md §12),
 //! and their redaction from text that may quote them (errors, stderr).
 //!
 //! References such as `${ENV:TOKEN}` are not secrets and stay visible; any

@@ -1,4 +1,4 @@
-//! Names under which MCP tools are injected into chat requests (R-NAME-1/2, SPEC §13.3).
+//! Names under which MCP tools are injected into chat requests (R-NAME-1/2, docs/reference.md §13.3).
 //!
 //! The injected name is `mcp__<b64(server_id)>__<b64(tool_name)>` (URL-safe
 //! base64 without padding), so any raw tool name, whatever its characters,
@@ -318,7 +318,7 @@ pub fn is_valid_function_name(name: &str) -> bool {
 }
 
 /// The exposed name of raw tool `raw`: the record's `transform` steps applied
-/// in order (SPEC §13.3).
+/// in order (docs/reference.md §13.3).
 ///
 /// `prefix = "x_"` always prepends; `prefix = { remove, add }` strips a
 /// leading `remove` when present and then always prepends `add`;

@@ -647,8 +647,8 @@ pub fn server_selected(
 /// order, the first failure being the reason: server selection, raw-name
 /// validity, registry deny then allow, task deny then allowlist, session deny
 /// then allowlist, transformed-name validity, injected-name length. Filters
-/// see the raw name; the injected name encodes the transformed name (SPEC
-/// §13.3). Name collisions need the whole tool list: see [`evaluate_tools`].
+/// see the raw name; the injected name encodes the transformed name
+/// (docs/reference.md §13.3). Name collisions need the whole tool list: see [`evaluate_tools`].
 pub fn evaluate(
     spec: &McpServerSpec,
     server_filter: &ServerToolFilter,
@@ -819,7 +819,7 @@ pub struct ToolDecision {
 /// exposed name; every allowed tool whose exposed name is shared with another
 /// listed tool — allowed or not, so the outcome does not depend on the
 /// request's filters or the listing order — is rejected with
-/// [`RejectReason::NameCollision`] (SPEC §13.3: reported, not silently dropped).
+/// [`RejectReason::NameCollision`] (docs/reference.md §13.3: reported, not silently dropped).
 pub fn evaluate_tools<'a>(
     spec: &McpServerSpec,
     server_filter: &ServerToolFilter,

@@ -1,4 +1,4 @@
-//! The MCP server record (SPEC §1): the admin-editable content of one `mcp.d` file.
+//! The MCP server record (docs/reference.md §1): the admin-editable content of one `mcp.d` file.
 //!
 //! Field names are the snake_case names of the TOML files; JSON (REST) and the
 //! protobuf contract use the same names. Defaults live here, once.
@@ -100,7 +100,7 @@ pub struct HttpConfig {
     /// Extra request headers; values may hold `${ENV:VAR}` references.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
-    /// Name of a credential held outside the registry (SPEC §12).
+    /// Name of a credential held outside the registry (docs/reference.md §12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_ref: Option<String>,
 }
@@ -156,7 +156,7 @@ pub enum PrefixOp {
     Replace(PrefixReplace),
 }
 
-/// One tool-name transform step (SPEC §13.3), applied in order.
+/// One tool-name transform step (docs/reference.md §13.3), applied in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum TransformStep {

@@ -1,4 +1,4 @@
-//! Bearer tokens (SPEC §12), shared by the registry and the worker.
+//! Bearer tokens (docs/reference.md §12), shared by the registry and the worker.
 //!
 //! Only SHA-256 digests of configured tokens are kept, and a presented token
 //! is compared with them in constant time, so neither the content nor the

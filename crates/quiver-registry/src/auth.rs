@@ -1,4 +1,4 @@
-//! Bearer-token credentials (SPEC §12): admin tokens may read and write,
+//! Bearer-token credentials (docs/reference.md §12): admin tokens may read and write,
 //! worker tokens may read and report status. Tokens are compared in constant
 //! time ([`quiver_model::token`]).
 

@@ -1,4 +1,4 @@
-//! The gRPC `McpRegistryService` (SPEC §3).
+//! The gRPC `McpRegistryService` (docs/reference.md §3).
 //!
 //! Reads need the worker or admin token; writes need the admin token. Reads
 //! over gRPC are not masked: workers must see the literal values they start

@@ -1,4 +1,4 @@
-//! The REST admin API under `/admin/api` (SPEC §5, §15).
+//! The REST admin API under `/admin/api` (docs/reference.md §5, §15).
 //!
 //! Bodies use the `mcp.d` field names. Record bodies are parsed strictly
 //! (unknown fields are errors) so typos never silently vanish. Errors are JSON

@@ -1,4 +1,4 @@
-//! The web admin (SPEC §5, R-UI-1…6): the static files of `web-admin/`,
+//! The web admin (docs/reference.md §5, R-UI-1…6): the static files of `web-admin/`,
 //! embedded in the binary at compile time and served under `/admin`.
 //!
 //! The files are plain HTML, CSS and JavaScript modules (no build step, no

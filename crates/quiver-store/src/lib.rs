@@ -1,4 +1,4 @@
-//! The registry's durable, revisioned store of MCP server records (SPEC §2).
+//! The registry's durable, revisioned store of MCP server records (docs/reference.md §2).
 //!
 //! One [`Store`] trait, two backends: PostgreSQL (production, several registry
 //! replicas may share one database) and SQLite (embedded, zero setup). Both

@@ -1,4 +1,4 @@
-//! The worker's view of the registry (SPEC §6).
+//! The worker's view of the registry (docs/reference.md §6).
 //!
 //! [`SyncService`] lists the registry's records, then follows
 //! `WatchMcpServers` from that revision, fetching each upserted record with

@@ -1,4 +1,4 @@
-//! What the audit log records about tool arguments (SPEC §11): by default
+//! What the audit log records about tool arguments (docs/reference.md §11): by default
 //! only their keys, because values may be secrets; optionally the values,
 //! with those under configured keys redacted at any depth.
 

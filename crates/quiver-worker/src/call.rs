@@ -28,7 +28,7 @@ pub struct ToolCall {
     pub arguments: Option<Value>,
 }
 
-/// Why a call did not run or did not finish (SPEC §10).
+/// Why a call did not run or did not finish (docs/reference.md §10).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {
     /// The name does not resolve to a tool injected for this caller.

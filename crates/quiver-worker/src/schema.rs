@@ -1,5 +1,5 @@
 //! Checking call arguments against the tool's `inputSchema` before the call
-//! is sent (SPEC §10: arguments "not matching the schema" are
+//! is sent (docs/reference.md §10: arguments "not matching the schema" are
 //! `mcp_invalid_arguments`, and the server never sees them).
 //!
 //! Compiled validators are cached per schema object. The cache holds the

@@ -19,7 +19,7 @@ use crate::call::{CallDone, CallError};
 use crate::error::ErrorObject;
 
 /// §10-style code of a call refused because a session budget is used up
-/// (an addition to the codes of SPEC §10).
+/// (an addition to the codes of docs/reference.md §10).
 pub const BUDGET_EXCEEDED: &str = ErrorCode::McpBudgetExceeded.as_str();
 
 /// What follows server text that was cut to fit the budget.
