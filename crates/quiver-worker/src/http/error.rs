@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use quiver_mcp::ErrorCode;
 
 use crate::error::ErrorObject;
-use crate::http::router::MAX_REQUEST_BODY_BYTES;
+use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 
 /// An error answer: the body of [`ErrorObject::to_body`] with a status.
 #[derive(Debug, Clone)]

@@ -26,6 +26,7 @@ pub mod chat;
 pub mod error;
 pub mod extract;
 mod fallback;
+mod limits;
 pub mod ops;
 mod router;
 pub mod servers;
@@ -33,5 +34,6 @@ mod state;
 pub mod tools;
 
 pub use error::ApiError;
-pub use router::{MAX_REQUEST_BODY_BYTES, router};
+pub use limits::MAX_REQUEST_BODY_BYTES;
+pub use router::router;
 pub use state::ApiState;

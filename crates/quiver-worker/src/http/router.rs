@@ -4,11 +4,9 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
+use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
 use crate::http::{chat, fallback, ops, servers, tools};
-
-/// The largest request body the worker reads (tool calls, chat requests).
-pub const MAX_REQUEST_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {
