@@ -254,6 +254,8 @@ async fn oversized_call_answer_fails_at_once() {
         body["error"]["code"], "mcp_output_too_large",
         "{status} {body}"
     );
+    // No output at all: the server's answer was unusable, not truncated.
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("max_message_bytes"), "{message}");
     assert!(took < Duration::from_secs(3), "the call took {took:?}");

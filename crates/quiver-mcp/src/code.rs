@@ -63,8 +63,10 @@ impl ErrorCode {
     }
 
     /// The HTTP status a request failing with this code is answered with.
-    /// `mcp_output_too_large` and `mcp_tool_error` describe a call that did
-    /// answer: they ride on a 200 next to the output.
+    /// A call that did answer is a 200 whatever its error object says (a
+    /// truncated output carries `mcp_output_too_large`, an `isError` result
+    /// `mcp_tool_error`); `mcp_output_too_large` as a failure is an answer
+    /// the worker could not take at all (over `max_message_bytes`): 502.
     pub const fn http_status(self) -> StatusCode {
         self.mapping().1
     }
@@ -85,7 +87,9 @@ impl ErrorCode {
                 ("mcp_invalid_arguments", StatusCode::BAD_REQUEST, false)
             }
             ErrorCode::McpPolicyDenied => ("mcp_policy_denied", StatusCode::FORBIDDEN, false),
-            ErrorCode::McpOutputTooLarge => ("mcp_output_too_large", StatusCode::OK, false),
+            ErrorCode::McpOutputTooLarge => {
+                ("mcp_output_too_large", StatusCode::BAD_GATEWAY, false)
+            }
             ErrorCode::McpApprovalRequired => {
                 ("mcp_approval_required", StatusCode::FORBIDDEN, false)
             }
