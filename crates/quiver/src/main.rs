@@ -8,6 +8,14 @@ mod telemetry;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc with background threads (crate feature `background_threads`):
+/// memory freed after a burst (thousands of connections shed by the
+/// listeners, a large tool answer) goes back to the OS within its decay
+/// time (`dirty_decay_ms`, 1 s: see .cargo/config.toml), where glibc's
+/// malloc kept most of it.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "quiver",
