@@ -468,14 +468,9 @@ async fn stderr_tails_do_not_show_the_records_secrets() {
     let mut record = env_probe_record("leaky");
     record["stdio"]["env"] = json!({"SECRET_X": SECRET});
     let revision = admin.upsert(record).await;
-    let worker = WorkerProcess::start_with_env(
-        &registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &[] as &[&str],
-        &[],
-    )
-    .await;
+    let worker =
+        WorkerProcess::start_with_env(&registry.grpc_url(), WORKER, CALLER, &[] as &[&str], &[])
+            .await;
     synced(&worker, revision).await;
     assert_eq!(
         worker

@@ -227,7 +227,10 @@ impl Registry {
             .add_service(McpRegistryServiceServer::new(GrpcService::new(
                 state.clone(),
             )));
-        let tls = options.tls.as_ref().map(quiver_proto::tls::ServerTls::acceptor);
+        let tls = options
+            .tls
+            .as_ref()
+            .map(quiver_proto::tls::ServerTls::acceptor);
         let grpc = Listener::new("registry_grpc", grpc_listener, &connections)
             .http2_only()
             .with_tls(tls.clone())

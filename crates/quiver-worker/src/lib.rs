@@ -13,6 +13,4 @@ pub mod http;
 pub mod schema;
 mod service;
 
-pub use service::{
-    DEFAULT_CATALOG_WAIT, DEFAULT_HTTP_LISTEN, Worker, WorkerError, WorkerOptions,
-};
+pub use service::{DEFAULT_CATALOG_WAIT, DEFAULT_HTTP_LISTEN, Worker, WorkerError, WorkerOptions};

@@ -13,11 +13,11 @@ use quiver_upstream::{Upstream, UpstreamConfigError, UpstreamOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{ApiState, router};
 use crate::audit::AuditOptions;
 use crate::auth::{Callers, CallersConfig, CallersError};
 use crate::call::ToolRunner;
 use crate::health::PoolHealth;
+use crate::http::{ApiState, router};
 
 /// How the worker runs.
 #[derive(Clone)]
@@ -193,7 +193,12 @@ impl Worker {
         let pool = state.runner.pool().clone();
         let app = router(state);
         let served = Listener::new("worker_http", listener, &connections)
-            .with_tls(options.tls.as_ref().map(quiver_proto::tls::ServerTls::acceptor))
+            .with_tls(
+                options
+                    .tls
+                    .as_ref()
+                    .map(quiver_proto::tls::ServerTls::acceptor),
+            )
             .serve(app, shutdown.clone());
         tokio::select! {
             () = served => {}
