@@ -14,20 +14,22 @@ use std::time::{Duration, Instant};
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::ClientHandler;
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::model::{ClientConfig, Implementation};
 use rmcp::service::{NotificationContext, Peer, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
 
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::peer_events::PeerEvents;
 use crate::process_tree;
+use crate::relay::{Relay, ServerEvent, ServerEventKind};
 use crate::server_log::ServerLog;
 use crate::stdio::StdioTransport;
+use crate::tools::ToolsCache;
 
 /// Lines of stderr kept per server.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -145,17 +147,68 @@ pub struct Connection {
 }
 
 /// The worker's side of a connection: who it is, and where what the server
-/// sends on its own goes.
+/// sends on its own goes (see [`crate::relay`]).
+#[derive(Clone)]
 pub struct ClientSide {
-    log: ServerLog,
+    /// The server's log tail.
+    pub(crate) log: ServerLog,
+    /// The calls in flight on the server, for their traffic.
+    pub(crate) relay: Arc<Relay>,
+    /// Where changes the server announces are published.
+    pub(crate) events: broadcast::Sender<ServerEvent>,
+    /// Dropped when the server says its tools changed.
+    pub(crate) tools: Arc<ToolsCache>,
+}
+
+impl ClientSide {
+    /// A side for a connection of its own (a probe): its log goes to `log`,
+    /// nothing else is relayed or published.
+    pub fn standalone(log: ServerLog) -> Self {
+        ClientSide {
+            log,
+            relay: Arc::default(),
+            events: broadcast::channel(1).0,
+            tools: Arc::default(),
+        }
+    }
+
+    fn publish(&self, kind: ServerEventKind) {
+        if let ServerEventKind::ToolsChanged = kind {
+            self.tools.clear();
+        }
+        // Nobody listening (no gateway session) is not an error.
+        let _ = self.events.send(ServerEvent {
+            server_id: self.log.server_id().to_owned(),
+            kind,
+        });
+    }
+}
+
+/// A relayed server request, given up when the server cancels it: dropping
+/// the request to the client sends the client `notifications/cancelled`.
+async fn unless_cancelled<T>(
+    context: &rmcp::service::RequestContext<RoleClient>,
+    relayed: impl std::future::Future<Output = Result<T, rmcp::ErrorData>>,
+) -> Result<T, rmcp::ErrorData> {
+    tokio::select! {
+        answer = relayed => answer,
+        () = context.ct.cancelled() => Err(rmcp::ErrorData::internal_error(
+            "cancelled by the server",
+            None,
+        )),
+    }
 }
 
 impl ClientHandler for ClientSide {
     fn get_info(&self) -> ClientConfig {
+        let capabilities = crate::relay::relayed_capabilities();
+        // The newest revision with an `initialize` handshake, which is how
+        // connections are opened (2026-07-28 has none).
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
         )
+        .with_protocol_version(rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     #[expect(
@@ -168,6 +221,55 @@ impl ClientHandler for ClientSide {
         _context: NotificationContext<RoleClient>,
     ) {
         self.log.record(&params);
+        self.relay.log(&params);
+    }
+
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.relay.progress(params);
+    }
+
+    #[expect(
+        deprecated,
+        reason = "SEP-2577 deprecates sampling; servers still use it"
+    )]
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        unless_cancelled(&context, self.relay.create_message(params)).await
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: rmcp::model::ElicitRequestParams,
+        context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        unless_cancelled(&context, self.relay.create_elicitation(params)).await
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.publish(ServerEventKind::ToolsChanged);
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.publish(ServerEventKind::ResourcesChanged);
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.publish(ServerEventKind::PromptsChanged);
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.publish(ServerEventKind::ResourceUpdated(params.uri));
     }
 }
 
@@ -177,12 +279,12 @@ impl Connection {
         launch: &Launch,
         settings: &ConnectSettings,
         stderr: &StderrTail,
-        log: &ServerLog,
+        side: &ClientSide,
         child_slot: Option<OwnedSemaphorePermit>,
     ) -> Result<Self, McpError> {
         let deadline = settings.initialize_timeout;
         let instance = process_tree::instance_marker();
-        let client_side = || ClientSide { log: log.clone() };
+        let client_side = || side.clone();
         let connecting = async {
             match launch {
                 Launch::Stdio(stdio) => {
@@ -238,7 +340,7 @@ impl Connection {
             service: tokio::sync::Mutex::new(Some(service)),
             pid,
             instance,
-            log: log.clone(),
+            log: side.log.clone(),
             recycled: OnceLock::new(),
             _child_slot: child_slot,
             connected_at: Instant::now(),
@@ -284,9 +386,12 @@ impl Connection {
         self.pid
     }
 
-    /// Whether the transport is gone (child exited, HTTP session ended).
+    /// Whether the connection may no longer serve: the transport is gone
+    /// (child exited, HTTP session ended) or the worker recycled it. A
+    /// recycled connection counts as closed at once, before its process has
+    /// been ended, so no new call lands on it meanwhile.
     pub fn is_closed(&self) -> bool {
-        self.peer.is_transport_closed()
+        self.recycled.get().is_some() || self.peer.is_transport_closed()
     }
 
     /// The server's log tail and event rate limit.
