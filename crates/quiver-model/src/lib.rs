@@ -3,6 +3,7 @@
 //! layered tool policy, `${ENV:…}` references and the registry's revision and
 //! history types. Every other crate speaks these types.
 
+pub mod approval;
 pub mod budget;
 pub mod env_ref;
 mod error;

@@ -115,6 +115,11 @@ pub struct Budgets {
     pub max_concurrency: u32,
     /// Output kept from one call; longer output is truncated and marked.
     pub max_tool_output_bytes: u64,
+    /// An `isolation = "per_session"` server's session connection unused
+    /// this long is closed, in milliseconds; `None`: the worker's
+    /// `session_idle_timeout_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_idle_ms: Option<u64>,
 }
 
 impl Budgets {
@@ -132,6 +137,7 @@ impl Default for Budgets {
             tool_timeout_ms: Self::DEFAULT_TOOL_TIMEOUT_MS,
             max_concurrency: Self::DEFAULT_MAX_CONCURRENCY,
             max_tool_output_bytes: Self::DEFAULT_MAX_TOOL_OUTPUT_BYTES,
+            session_idle_ms: None,
         }
     }
 }

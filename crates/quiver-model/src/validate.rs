@@ -11,6 +11,10 @@ pub const MAX_SERVER_ID_LEN: usize = 64;
 pub const MAX_TOOL_TIMEOUT_MS: u64 = 3_600_000;
 /// Largest accepted `max_concurrency`.
 pub const MAX_CONCURRENCY: u32 = 4_096;
+/// Smallest accepted `budgets.session_idle_ms` (1 s).
+pub const MIN_SESSION_IDLE_MS: u64 = 1_000;
+/// Largest accepted `budgets.session_idle_ms` (one day).
+pub const MAX_SESSION_IDLE_MS: u64 = 86_400_000;
 /// Largest accepted `max_tool_output_bytes` (64 MiB).
 pub const MAX_TOOL_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
 const MAX_TEXT_LEN: usize = 1_024;
@@ -253,6 +257,14 @@ impl Validator {
             self.error(
                 "budgets.max_tool_output_bytes",
                 format!("must be between 1 and {MAX_TOOL_OUTPUT_BYTES}"),
+            );
+        }
+        if b.session_idle_ms
+            .is_some_and(|ms| !(MIN_SESSION_IDLE_MS..=MAX_SESSION_IDLE_MS).contains(&ms))
+        {
+            self.error(
+                "budgets.session_idle_ms",
+                format!("must be between {MIN_SESSION_IDLE_MS} and {MAX_SESSION_IDLE_MS}"),
             );
         }
     }

@@ -116,6 +116,7 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
             tool_timeout_ms: t,
             max_concurrency: c,
             max_tool_output_bytes: o,
+            session_idle_ms: None,
         });
     let transform = proptest::collection::vec(
         prop_oneof![

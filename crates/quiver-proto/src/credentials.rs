@@ -7,6 +7,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::v1::mcp_approval_service_client::McpApprovalServiceClient;
 use crate::v1::mcp_registry_service_client::McpRegistryServiceClient;
 
 /// Metadata key naming the person or system behind a write (audit).
@@ -14,6 +15,9 @@ pub const ACTOR_METADATA: &str = "x-quiver-actor";
 
 /// A registry client with its credentials attached.
 pub type RegistryClient = McpRegistryServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// An approvals client (docs/reference.md §13.7) with its credentials attached.
+pub type ApprovalClient = McpApprovalServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// A token or actor that cannot be sent as header text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +55,11 @@ impl Credentials {
     /// A client over `channel` sending these credentials.
     pub fn client(self, channel: Channel) -> RegistryClient {
         McpRegistryServiceClient::with_interceptor(channel, self)
+    }
+
+    /// An approvals client over `channel` sending these credentials.
+    pub fn approval_client(self, channel: Channel) -> ApprovalClient {
+        McpApprovalServiceClient::with_interceptor(channel, self)
     }
 }
 

@@ -6,6 +6,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use quiver_model as model;
 use quiver_model::FieldError;
 
+pub mod approval;
 pub mod credentials;
 pub mod tls;
 
@@ -51,7 +52,7 @@ pub fn timestamp(at: DateTime<Utc>) -> prost_types::Timestamp {
     }
 }
 
-fn from_timestamp(
+pub(crate) fn from_timestamp(
     field: &str,
     ts: Option<prost_types::Timestamp>,
 ) -> Result<DateTime<Utc>, ConversionError> {
@@ -216,6 +217,7 @@ impl From<&model::McpServerSpec> for pb::McpServerSpec {
                 tool_timeout_ms: Some(spec.budgets.tool_timeout_ms),
                 max_concurrency: Some(spec.budgets.max_concurrency),
                 max_tool_output_bytes: Some(spec.budgets.max_tool_output_bytes),
+                session_idle_ms: spec.budgets.session_idle_ms,
             }),
             isolation: isolation_to(spec.isolation).into(),
             enabled: Some(spec.enabled),
@@ -273,6 +275,7 @@ impl TryFrom<pb::McpServerSpec> for model::McpServerSpec {
                 max_tool_output_bytes: budgets
                     .max_tool_output_bytes
                     .unwrap_or(defaults.max_tool_output_bytes),
+                session_idle_ms: budgets.session_idle_ms,
             },
             enabled: spec.enabled.unwrap_or(true),
             labels: spec.labels.into_iter().collect(),

@@ -17,9 +17,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use quiver_model::approval::{
+    Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
+};
 use quiver_model::{Change, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer};
 use tokio::sync::watch;
 
+mod approvals;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -177,6 +181,30 @@ pub struct HistoryRow {
     pub previous: Option<HistoryEntry>,
 }
 
+/// A new approval request (docs/reference.md §13.7).
+#[derive(Debug, Clone)]
+pub struct NewApproval {
+    /// The call it is for.
+    pub binding: ApprovalBinding,
+    /// The call's arguments (hashed into `binding.arguments_hash`).
+    pub arguments: serde_json::Value,
+    /// Who asks (audit).
+    pub requested_by: String,
+    /// How long it may wait for a decision and then for its use.
+    pub ttl: chrono::Duration,
+}
+
+/// What a decision on an approval did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecideOutcome {
+    /// It was pending and unexpired: now approved or denied.
+    Decided(Approval),
+    /// No approval has this id.
+    NotFound,
+    /// It was no longer pending (decided, used or expired); unchanged.
+    NotPending(Approval),
+}
+
 /// The revisioned record store.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -203,6 +231,40 @@ pub trait Store: Send + Sync + 'static {
     /// The latest committed revision known to this process, updated as soon as
     /// a change commits here or, for shared databases, in another process.
     fn subscribe(&self) -> watch::Receiver<u64>;
+
+    /// Stores a new pending approval expiring `ttl` from now.
+    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError>;
+    /// One approval, as stored (an approval past its expiry that no sweep
+    /// has marked yet still shows its old state: call [`Store::expire_approvals`] first).
+    async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError>;
+    /// Approvals in one state (or all), newest first; with every state,
+    /// pending ones first.
+    async fn list_approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, StoreError>;
+    /// Marks pending and approved approvals past their expiry `expired`;
+    /// returns exactly those this call marked (for audit and metrics).
+    async fn expire_approvals(&self) -> Result<Vec<Approval>, StoreError>;
+    /// Approves or denies a pending, unexpired approval (one atomic update).
+    async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: ApprovalDecision,
+        decided_by: &str,
+        note: Option<String>,
+    ) -> Result<DecideOutcome, StoreError>;
+    /// Uses an approval for `call`: one atomic update that succeeds only if
+    /// it is approved, unexpired and bound to exactly this call, so of any
+    /// number of concurrent uses (from any worker) exactly one gets
+    /// [`UseOutcome::Used`]. Otherwise returns why, with the approval.
+    async fn use_approval(
+        &self,
+        approval_id: &str,
+        call: &ApprovalBinding,
+        used_by: &str,
+    ) -> Result<(UseOutcome, Option<Approval>), StoreError>;
 }
 
 /// Opens the store a URL names (`sqlite://…` or `postgres://…`), applying migrations.

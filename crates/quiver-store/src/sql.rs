@@ -16,9 +16,13 @@ use sqlx::{AnyPool, Row};
 use tokio::sync::{Mutex, MutexGuard, watch};
 use tokio_util::sync::DropGuard;
 
+use quiver_model::approval::{
+    Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
+};
+
 use crate::{
-    DeleteRequest, Head, HistoryPage, HistoryRow, Snapshot, Store, StoreError, UpsertOutcome,
-    UpsertRequest,
+    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, Snapshot, Store,
+    StoreError, UpsertOutcome, UpsertRequest,
 };
 
 /// The statements that differ between PostgreSQL and SQLite.
@@ -550,5 +554,45 @@ impl Store for SqlStore {
 
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.head_tx.subscribe()
+    }
+
+    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError> {
+        self.approvals_create(request).await
+    }
+
+    async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError> {
+        self.approvals_get(approval_id).await
+    }
+
+    async fn list_approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, StoreError> {
+        self.approvals_list(state, limit).await
+    }
+
+    async fn expire_approvals(&self) -> Result<Vec<Approval>, StoreError> {
+        self.approvals_expire(Utc::now()).await
+    }
+
+    async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: ApprovalDecision,
+        decided_by: &str,
+        note: Option<String>,
+    ) -> Result<DecideOutcome, StoreError> {
+        self.approvals_decide(approval_id, decision, decided_by, note)
+            .await
+    }
+
+    async fn use_approval(
+        &self,
+        approval_id: &str,
+        call: &ApprovalBinding,
+        used_by: &str,
+    ) -> Result<(UseOutcome, Option<Approval>), StoreError> {
+        self.approvals_use(approval_id, call, used_by).await
     }
 }
