@@ -32,6 +32,7 @@ function need(name) {
 const REGISTRY = need('QUIVER_REGISTRY_URL').replace(/\/$/, ''); // http://127.0.0.1:PORT
 const ADMIN = need('QUIVER_ADMIN_TOKEN');
 const WORKER = need('QUIVER_WORKER_TOKEN');
+const APPROVER = need('QUIVER_APPROVER_TOKEN');
 const WORKER_ID = need('QUIVER_WORKER_ID');
 const WORKER_URL = need('QUIVER_WORKER_URL').replace(/\/$/, '');
 const CALLER = need('QUIVER_CALLER_TOKEN');
@@ -564,6 +565,37 @@ async function scenarios() {
     await page.locator(tid('file-banner')).waitFor();
   });
 
+  await step('approvals: pending ones with masked arguments; approve with a note, deny; history', async () => {
+    await page.click(tid('nav-approvals'));
+    await page.locator(tid('approvals-page')).waitFor();
+    const card = (tool) => page.locator(`${tid('approval-card')}:has(${tid('approval-tool')}:text-is("${tool}"))`);
+    await card('approve_me').waitFor();
+    await card('deny_me').waitFor();
+    const args = await card('approve_me').locator(tid('approval-arguments')).textContent();
+    assert.ok(args.includes('/srv/approve_me') && args.includes(MASK), args);
+    assert.ok(!args.includes('sk-approval-secret'), 'arguments are masked');
+    await shot('10-approvals-pending');
+    await card('approve_me').locator(tid('approval-note')).fill('looks right');
+    await card('approve_me').locator(tid('approve')).click();
+    await expectCount(card('approve_me'), 0);
+    await card('deny_me').locator(tid('deny')).click();
+    await expectCount(page.locator(tid('approval-card')), 0);
+    await page.locator(tid('approvals-empty')).waitFor();
+    await page.locator(`${tid('approval-row')}[data-state="approved"]`).waitFor();
+    await page.locator(`${tid('approval-row')}[data-state="denied"]`).waitFor();
+    const { json } = await rest('GET', 'approvals', { query: { state: 'approved' } });
+    assert.equal(json.approvals.length, 1);
+    assert.equal(json.approvals[0].tool, 'approve_me');
+    assert.equal(json.approvals[0].note, 'looks right');
+    assert.equal(json.approvals[0].decided_by, 'admin');
+    const denied = await rest('GET', 'approvals', { query: { state: 'denied' } });
+    assert.equal(denied.json.approvals[0].tool, 'deny_me');
+    // The worker token may not decide.
+    const refused = await rest('POST', `approvals/${json.approvals[0].approval_id}`, { token: WORKER, body: { decision: 'deny' } });
+    assert.equal(refused.status, 403);
+    await shot('11-approvals-history');
+  });
+
   await step('delete asks for confirmation', async () => {
     await openServer('web-other');
     assert.equal(await valueOf('http.headers', 'X-Api-Key').inputValue(), MASK);
@@ -606,6 +638,17 @@ async function scenarios() {
     assert.ok(!full.includes(SECRET), 'history is masked for the worker token');
     await page.goto(`${ADMIN_URL}import`);
     await page.locator(tid('forbidden')).waitFor();
+  });
+
+  await step('the approver token sees the approvals page only', async () => {
+    await page.click(tid('sign-out'));
+    await page.locator(tid('sign-in-page')).waitFor();
+    await page.fill(tid('token-input'), APPROVER);
+    await page.click(tid('sign-in'));
+    await expectText(page.locator(tid('role-badge')), 'approver');
+    await page.locator(tid('approvals-page')).waitFor();
+    await expectHidden(page.locator(tid('nav-servers')));
+    await page.locator(`${tid('approval-row')}[data-state="approved"]`).waitFor();
   });
 }
 

@@ -92,7 +92,7 @@ export async function api(method, path, { query, body, text, contentType, token 
   return json;
 }
 
-/** `GET whoami` with an explicit token (or none): `"admin"` or `"worker"`. */
+/** `GET whoami` with an explicit token (or none): `"admin"`, `"worker"` or `"approver"`. */
 export async function whoami(token) {
   const body = await api('GET', 'whoami', { token: token ?? null });
   return body?.role;
@@ -125,3 +125,9 @@ export const servers = {
 export function workers() {
   return api('GET', 'workers');
 }
+
+/** The approval endpoints (reference §13.7): admin or approver token. */
+export const approvals = {
+  list: (state) => api('GET', 'approvals', { query: { state } }),
+  decide: (id, decision, note) => api('POST', `approvals/${enc(id)}`, { body: { decision, note } }),
+};

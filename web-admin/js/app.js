@@ -1,7 +1,8 @@
 // The web admin's shell: sign-in, navigation, client-side routes.
 //
 // Routes (below /admin/): `` and `servers` (list), `servers/new`,
-// `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`.
+// `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`,
+// `approvals`. The approver token sees the approvals page only.
 
 import { BASE, getToken, setToken, whoami, ApiError } from './api.js';
 import { h, replace, stateBox, confirmDialog } from './dom.js';
@@ -10,6 +11,7 @@ import { serverPage } from './form.js';
 import { historyPage } from './history.js';
 import { workersPage } from './workers.js';
 import { importPage } from './importer.js';
+import { approvalsPage } from './approvals.js';
 
 const root = document.getElementById('app');
 
@@ -68,6 +70,8 @@ context.link = link;
 
 function match(path) {
   const parts = path ? path.split('/').map(decodeURIComponent) : [];
+  if (parts.length === 1 && parts[0] === 'approvals') return ['approvals', () => approvalsPage(context)];
+  if (session.role === 'approver') return ['approvals', () => approvalsPage(context)];
   if (parts.length === 0 || (parts.length === 1 && parts[0] === 'servers')) return ['servers', () => serversPage(context)];
   if (parts[0] === 'servers' && parts.length === 2 && parts[1] === 'new') return ['servers', () => serverPage(context, { id: null })];
   if (parts[0] === 'servers' && parts.length === 2) return ['servers', () => serverPage(context, { id: parts[1] })];
@@ -105,14 +109,17 @@ function render() {
 
 function shell() {
   const admin = session.role === 'admin';
-  nav = h('nav', { class: 'nav' },
+  const approver = session.role === 'approver';
+  const approvals = link('approvals', { dataset: { section: 'approvals' }, testid: 'nav-approvals' }, 'Approvals');
+  nav = approver ? h('nav', { class: 'nav' }, approvals) : h('nav', { class: 'nav' },
     link('servers', { dataset: { section: 'servers' }, testid: 'nav-servers' }, 'Servers'),
     link('workers', { dataset: { section: 'workers' }, testid: 'nav-workers' }, 'Workers'),
+    admin ? approvals : null,
     admin ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null);
   const roleBadge = session.insecure
     ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
     : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },
-      admin ? 'admin' : 'read-only');
+      admin ? 'admin' : approver ? 'approver' : 'read-only');
   main = h('main', { id: 'main' });
   replace(root,
     h('header', { class: 'topbar' },
@@ -149,7 +156,7 @@ function signIn(notice) {
       button.textContent = 'Signing in…';
       try {
         const role = await whoami(token);
-        if (role !== 'admin' && role !== 'worker') throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
+        if (role !== 'admin' && role !== 'worker' && role !== 'approver') throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
         setToken(token);
         session.role = role;
         session.insecure = false;

@@ -582,10 +582,12 @@ export function serverPage(ctx, { id }) {
         ? h('div', { class: 'rows-empty' }, 'No worker has reported this server yet (workers report every few seconds once they serve it).')
         : h('div', { class: 'table-wrap' }, h('table', {},
           h('thead', {}, h('tr', {}, h('th', {}, 'Worker'), h('th', {}, 'State'), h('th', { class: 'num' }, 'Tools'),
-            h('th', { class: 'num' }, 'Reconnects'), h('th', { class: 'num' }, 'p50'), h('th', {}, 'Last error'))),
+            h('th', { class: 'num' }, 'Reconnects'), h('th', { class: 'num', title: 'Live connections of a per_session server' }, 'Sessions'),
+            h('th', { class: 'num' }, 'p50'), h('th', {}, 'Last error'))),
           h('tbody', {}, st.perWorker.map((w) => h('tr', { testid: 'server-worker', dataset: { workerId: w.worker_id } },
             h('td', { class: 'mono' }, w.worker_id), h('td', {}, stateBadge(w.state)),
             h('td', { class: 'num' }, w.tool_count ?? '—'), h('td', { class: 'num' }, w.reconnect_count ?? 0),
+            h('td', { class: 'num', testid: 'server-worker-sessions' }, w.session_connections ?? 0),
             h('td', { class: 'num' }, w.p50_latency_ms != null ? `${Math.round(w.p50_latency_ms)} ms` : '—'),
             h('td', { class: 'err' }, w.last_error ?? h('span', { class: 'muted' }, '—'))))))));
   }
@@ -665,7 +667,7 @@ export function serverPage(ctx, { id }) {
       previewBody);
 
     const content = card('Resources and prompts',
-      'Default deny, like tools: with no pattern, no resource or prompt of this server is offered. Resource patterns match the whole URI, prompt patterns the name; * matches any substring, / included, and \\? is a literal ?. Served by the planned MCP gateway; tools are unaffected.',
+      'Default deny, like tools: with no pattern, no resource or prompt of this server is offered. Resource patterns match the whole URI, prompt patterns the name; * matches any substring, / included, and \\? is a literal ?. Served by the workers\' MCP endpoints (/mcp/{server_id}); tools are unaffected.',
       h('div', { class: 'grid-2' },
         field('allowed_resources', 'Allowed resources', listEditor('allowed_resources', r.allowed_resources, { placeholder: 'file:///data/*.md', addLabel: '+ Add URI pattern' })),
         field('allowed_prompts', 'Allowed prompts', listEditor('allowed_prompts', r.allowed_prompts, { placeholder: 'summarize*', addLabel: '+ Add pattern' }))));
@@ -681,7 +683,8 @@ export function serverPage(ctx, { id }) {
       h('div', { class: 'grid-3' },
         field('budgets.tool_timeout_ms', 'Tool timeout (ms)', numberInput('budgets.tool_timeout_ms', budgets.tool_timeout_ms, DEFAULT_BUDGETS.tool_timeout_ms), `Default ${DEFAULT_BUDGETS.tool_timeout_ms}.`),
         field('budgets.max_concurrency', 'Max concurrency', numberInput('budgets.max_concurrency', budgets.max_concurrency, DEFAULT_BUDGETS.max_concurrency), `Calls in flight per worker. Default ${DEFAULT_BUDGETS.max_concurrency}.`),
-        field('budgets.max_tool_output_bytes', 'Max tool output (bytes)', numberInput('budgets.max_tool_output_bytes', budgets.max_tool_output_bytes, DEFAULT_BUDGETS.max_tool_output_bytes), `Longer output is cut and marked. Default ${DEFAULT_BUDGETS.max_tool_output_bytes}.`)));
+        field('budgets.max_tool_output_bytes', 'Max tool output (bytes)', numberInput('budgets.max_tool_output_bytes', budgets.max_tool_output_bytes, DEFAULT_BUDGETS.max_tool_output_bytes), `Longer output is cut and marked. Default ${DEFAULT_BUDGETS.max_tool_output_bytes}.`),
+        field('budgets.session_idle_ms', 'Session idle time (ms)', numberInput('budgets.session_idle_ms', budgets.session_idle_ms, 'worker default'), 'isolation = "per_session": a session unused this long ends (1000 to 86400000). Empty: the worker\'s.')));
     const budgetsError = errorSlot(budgetsCard);
     budgetsCard.append(budgetsError.slot);
     state.targets.set('budgets', budgetsError.target);

@@ -24,6 +24,7 @@ function stateOf(value) {
 /**
  * The status of `serverId` across `workers` (the `workers` array of `GET
  * workers`): `{state, perWorker: [{worker_id, state, last_error, tool_count,
+ * session_connections,
  * reconnect_count, p50_latency_ms, reported_at}], lastError, toolCount}`.
  * A disabled record is `disabled`; one that reporting workers do not list
  * yet (they connect on first use) is `idle`; with no worker reporting at

@@ -85,12 +85,14 @@ export function workersPage(ctx) {
       h('td', {}, stateBadge(s.state)),
       h('td', { class: 'num' }, s.tool_count ?? '—'),
       h('td', { class: 'num' }, s.reconnect_count ?? 0),
+      h('td', { class: 'num', testid: 'worker-server-sessions' }, s.session_connections ?? 0),
       h('td', { class: 'num' }, s.p50_latency_ms != null ? `${Math.round(s.p50_latency_ms * 10) / 10} ms` : '—'),
       h('td', { class: 'err' }, s.last_error ?? h('span', { class: 'muted' }, '—')));
     const table = h('div', { class: 'table-wrap' },
       h('table', {},
         h('thead', {}, h('tr', {}, h('th', {}, 'Server'), h('th', {}, 'State'), h('th', { class: 'num' }, 'Tools'),
-          h('th', { class: 'num' }, 'Reconnects'), h('th', { class: 'num' }, 'p50 latency'), h('th', {}, 'Last error'))),
+          h('th', { class: 'num' }, 'Reconnects'), h('th', { class: 'num', title: 'Live connections of a per_session server' }, 'Sessions'),
+          h('th', { class: 'num' }, 'p50 latency'), h('th', {}, 'Last error'))),
         h('tbody', {}, servers.map(healthRow))));
     const lagBadge = lag == null ? null : lag === 0
       ? badge('lag 0', 'ok', { testid: 'worker-lag', dataset: { lag: '0' } })

@@ -1,5 +1,6 @@
 //! Bearer-token credentials (docs/reference.md §12): admin tokens may read and write,
-//! worker tokens may read and report status. Tokens are compared in constant
+//! worker tokens may read and report status, approver tokens may only read
+//! and decide approvals (§13.7). Tokens are compared in constant
 //! time ([`quiver_model::token`]).
 
 use std::net::SocketAddr;
@@ -11,6 +12,9 @@ use crate::error::RegistryError;
 /// What a credential may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
+    /// Read and decide approvals, nothing else (lowest, so requiring any
+    /// other role refuses it).
+    Approver,
     /// Read records, watch, report worker status.
     Worker,
     /// Everything, including writes.
@@ -60,6 +64,7 @@ pub enum AuthConfigError {
 pub struct Authenticator {
     admin: Option<TokenDigest>,
     worker: Option<TokenDigest>,
+    approver: Option<TokenDigest>,
     insecure: bool,
 }
 
@@ -85,8 +90,19 @@ impl Authenticator {
         Ok(Authenticator {
             admin: config.admin_token.as_deref().map(TokenDigest::of),
             worker: config.worker_token.as_deref().map(TokenDigest::of),
+            approver: None,
             insecure: config.insecure_no_auth && !has_tokens,
         })
+    }
+
+    /// The same checks, also granting [`Role::Approver`] to `token` (kept
+    /// apart from [`AuthConfig`] so existing configurations need no change).
+    pub fn with_approver_token(mut self, token: Option<&str>) -> Result<Self, AuthConfigError> {
+        if token == Some("") {
+            return Err(AuthConfigError::EmptyToken("approver token"));
+        }
+        self.approver = token.map(TokenDigest::of);
+        Ok(self)
     }
 
     /// Whether requests are served without credentials.
@@ -106,6 +122,8 @@ impl Authenticator {
             Ok(Role::Admin)
         } else if matches(&self.worker) {
             Ok(Role::Worker)
+        } else if matches(&self.approver) {
+            Ok(Role::Approver)
         } else {
             Err(RegistryError::Unauthenticated)
         }
@@ -117,10 +135,34 @@ impl Role {
     pub fn require(self, needed: Role) -> Result<(), RegistryError> {
         if self >= needed {
             Ok(())
+        } else if self == Role::Approver {
+            Err(RegistryError::PermissionDenied(
+                "the approver token may only read and decide approvals".into(),
+            ))
         } else {
             Err(RegistryError::PermissionDenied(
                 "this operation needs the admin token".into(),
             ))
+        }
+    }
+
+    /// Succeeds for the roles that may read and decide approvals (admin,
+    /// approver); the worker token may not.
+    pub fn require_approver(self) -> Result<(), RegistryError> {
+        match self {
+            Role::Admin | Role::Approver => Ok(()),
+            Role::Worker => Err(RegistryError::PermissionDenied(
+                "deciding approvals needs the admin or approver token".into(),
+            )),
+        }
+    }
+
+    /// The role's name (`whoami`, audit).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Approver => "approver",
+            Role::Worker => "worker",
+            Role::Admin => "admin",
         }
     }
 }

@@ -79,6 +79,10 @@ pub enum RegistryError {
     /// An API route that exists, with another method.
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// An approval decided, used or expired already: it can no longer be
+    /// decided (docs/reference.md §13.7).
+    #[error("{0}")]
+    ApprovalNotPending(String),
     /// A bug or corrupt data.
     #[error("{0}")]
     Internal(String),
@@ -116,6 +120,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// See [`RegistryError::MethodNotAllowed`].
     MethodNotAllowed,
+    /// See [`RegistryError::ApprovalNotPending`].
+    ApprovalNotPending,
     /// See [`RegistryError::Internal`].
     Internal,
 }
@@ -203,6 +209,11 @@ impl ErrorCode {
                 tonic::Code::Unimplemented,
                 StatusCode::METHOD_NOT_ALLOWED,
             ),
+            ErrorCode::ApprovalNotPending => (
+                "approval_not_pending",
+                tonic::Code::FailedPrecondition,
+                StatusCode::CONFLICT,
+            ),
             ErrorCode::Internal => (
                 WorkerCode::Internal.as_str(),
                 tonic::Code::Internal,
@@ -229,6 +240,7 @@ impl RegistryError {
             RegistryError::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
             RegistryError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             RegistryError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
+            RegistryError::ApprovalNotPending(_) => ErrorCode::ApprovalNotPending,
             RegistryError::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -7,14 +7,18 @@
 use std::pin::Pin;
 
 use futures::Stream;
+use quiver_model::approval::ApprovalBinding;
 use quiver_model::{McpServerSpec, Source};
+use quiver_proto::approval::use_outcome_to;
 use quiver_proto::v1 as pb;
+use quiver_proto::v1::mcp_approval_service_server::McpApprovalService;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryService;
 use quiver_store::{DeleteRequest, UpsertOutcome, UpsertRequest};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::approvals::ApprovalRequest;
 use crate::auth::Role;
 use crate::error::RegistryError;
 use crate::feed::WatchEvent;
@@ -35,7 +39,11 @@ impl GrpcService {
         GrpcService { state }
     }
 
-    fn role<T>(&self, request: &Request<T>, needed: Role) -> Result<Role, RegistryError> {
+    pub(crate) fn role<T>(
+        &self,
+        request: &Request<T>,
+        needed: Role,
+    ) -> Result<Role, RegistryError> {
         let header = request
             .metadata()
             .get("authorization")
@@ -204,6 +212,7 @@ impl McpRegistryService for GrpcService {
                         reconnect_count: s.reconnect_count,
                         tool_count: s.tool_count,
                         p50_latency_ms: s.p50_latency_ms,
+                        session_connections: s.session_connections,
                     })
                     .collect(),
                 reported_at: chrono::Utc::now(),
@@ -212,6 +221,107 @@ impl McpRegistryService for GrpcService {
         )?;
         Ok(Response::new(pb::ReportWorkerStatusResponse {
             head_revision: head.revision,
+        }))
+    }
+}
+
+/// The tonic `McpApprovalService` (docs/reference.md §13.7): workers (or
+/// the admin) request, use and read approvals; the approver token has no
+/// gRPC access, and deciding is REST only.
+#[derive(Clone)]
+pub struct GrpcApprovalService {
+    inner: GrpcService,
+}
+
+impl GrpcApprovalService {
+    /// A service over `state`.
+    pub fn new(state: RegistryState) -> Self {
+        GrpcApprovalService {
+            inner: GrpcService::new(state),
+        }
+    }
+
+    /// Checks the worker (or admin) credential; returns who acts (audit).
+    fn principal<T>(&self, request: &Request<T>) -> Result<String, RegistryError> {
+        let role = self.inner.role(request, Role::Worker)?;
+        Ok(crate::state::actor_name(
+            request
+                .metadata()
+                .get(ACTOR_METADATA)
+                .and_then(|value| value.to_str().ok()),
+            role.as_str(),
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl McpApprovalService for GrpcApprovalService {
+    async fn request_approval(
+        &self,
+        request: Request<pb::RequestApprovalRequest>,
+    ) -> Result<Response<pb::RequestApprovalResponse>, Status> {
+        let actor = self.principal(&request)?;
+        let body = request.into_inner();
+        let approval = self
+            .inner
+            .state
+            .request_approval(
+                ApprovalRequest {
+                    binding: ApprovalBinding {
+                        task: body.task,
+                        server_id: body.server_id,
+                        tool: body.tool,
+                        arguments_hash: body.arguments_hash,
+                        record_revision: body.record_revision,
+                    },
+                    arguments_json: body.arguments_json,
+                },
+                &actor,
+            )
+            .await?;
+        Ok(Response::new(pb::RequestApprovalResponse {
+            approval: Some((&approval).into()),
+        }))
+    }
+
+    async fn use_approval(
+        &self,
+        request: Request<pb::UseApprovalRequest>,
+    ) -> Result<Response<pb::UseApprovalResponse>, Status> {
+        let actor = self.principal(&request)?;
+        let body = request.into_inner();
+        let call = ApprovalBinding {
+            task: body.task,
+            server_id: body.server_id,
+            tool: body.tool,
+            arguments_hash: body.arguments_hash,
+            record_revision: body.record_revision,
+        };
+        let (outcome, approval) = self
+            .inner
+            .state
+            .use_approval(&body.approval_id, &call, &actor)
+            .await?;
+        let (outcome, mismatch_field) = use_outcome_to(outcome);
+        Ok(Response::new(pb::UseApprovalResponse {
+            outcome: outcome.into(),
+            mismatch_field,
+            approval: approval.as_ref().map(Into::into),
+        }))
+    }
+
+    async fn get_approval(
+        &self,
+        request: Request<pb::GetApprovalRequest>,
+    ) -> Result<Response<pb::GetApprovalResponse>, Status> {
+        self.principal(&request)?;
+        let approval = self
+            .inner
+            .state
+            .approval(&request.get_ref().approval_id)
+            .await?;
+        Ok(Response::new(pb::GetApprovalResponse {
+            approval: Some((&approval).into()),
         }))
     }
 }

@@ -2,6 +2,7 @@
 //! that fans revisions out to watchers, the REST admin API, worker status
 //! reports and `mcp.d` reconciliation, over a [`quiver_store::Store`].
 
+pub mod approvals;
 pub mod auth;
 pub mod error;
 pub mod feed;
@@ -14,5 +15,6 @@ pub mod web;
 pub mod workers;
 
 pub use server::{
-    DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions, ServeError, http_router,
+    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions,
+    ServeError, http_router,
 };

@@ -73,6 +73,7 @@ pub fn router() -> Router<RegistryState> {
         .route("/mcp/evaluate", post(evaluate_tools))
         .route("/workers", get(list_workers))
         .route("/audit", get(audit))
+        .merge(crate::approvals::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(json_refusals))
@@ -138,7 +139,7 @@ async fn json_refusals(response: Response) -> Response {
 /// The query parameters of a request. Each name may appear once: a repeated
 /// one is an error naming it (which value would win is not the caller's
 /// guess to make). Names and values must decode to UTF-8.
-struct Params(HashMap<String, String>);
+pub(crate) struct Params(pub(crate) HashMap<String, String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Params {
     type Rejection = RegistryError;
@@ -249,15 +250,34 @@ impl FromRequestParts<RegistryState> for Caller {
         parts: &mut Parts,
         state: &RegistryState,
     ) -> Result<Self, Self::Rejection> {
-        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-        let role = state
-            .auth
-            .authenticate(header(header::AUTHORIZATION.as_str()))?;
-        Ok(Caller {
-            role,
-            actor: actor_name(header(ACTOR_HEADER), "admin"),
-        })
+        let (role, actor) = http_identity(parts, state)?;
+        // The approver token reaches the approvals routes only (their own
+        // extractor) and `whoami`, which the web admin signs in with.
+        if role == Role::Approver && !parts.uri.path().ends_with("/whoami") {
+            return Err(RegistryError::PermissionDenied(
+                "the approver token may only read and decide approvals".into(),
+            ));
+        }
+        Ok(Caller { role, actor })
     }
+}
+
+/// The role of an HTTP request's Bearer token, and who acts: the
+/// `x-quiver-actor` header, else the name of the token's kind.
+pub fn http_identity(
+    parts: &Parts,
+    state: &RegistryState,
+) -> Result<(Role, String), RegistryError> {
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let role = state
+        .auth
+        .authenticate(header(header::AUTHORIZATION.as_str()))?;
+    let fallback = if role == Role::Approver {
+        "approver"
+    } else {
+        "admin"
+    };
+    Ok((role, actor_name(header(ACTOR_HEADER), fallback)))
 }
 
 /// `?expected_revision=N` or `If-Match: "N"`; the query string wins.
@@ -314,11 +334,7 @@ fn upsert_response(outcome: UpsertOutcome, masked: bool) -> Response {
 }
 
 async fn whoami(caller: Caller) -> Response {
-    let role = match caller.role {
-        Role::Admin => "admin",
-        Role::Worker => "worker",
-    };
-    axum::Json(json!({"role": role})).into_response()
+    axum::Json(json!({"role": caller.role.as_str()})).into_response()
 }
 
 async fn list_servers(

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use quiver_listen::{Connections, Listener, ListenerOptions};
+use quiver_proto::v1::mcp_approval_service_server::McpApprovalServiceServer;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_store::Store;
 use serde_json::json;
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::error::RegistryError;
 use crate::feed::{ChangeFeed, FeedOptions};
-use crate::grpc::GrpcService;
+use crate::grpc::{GrpcApprovalService, GrpcService};
 use crate::state::{McpDir, PreviewEnv, RegistryState};
 
 /// Default of [`RegistryOptions::grpc_listen`]: loopback, the protocol's port.
@@ -72,6 +73,38 @@ pub struct RegistryOptions {
     /// Timeouts and the connection cap of both listeners (one cap for the
     /// two together).
     pub listener: ListenerOptions,
+    /// Approvals: the approver token and how long approvals live.
+    pub approvals: ApprovalOptions,
+}
+
+/// Approval settings of the registry (docs/reference.md §13.7).
+#[derive(Clone)]
+pub struct ApprovalOptions {
+    /// Token that may only read and decide approvals (besides the admin token).
+    pub approver_token: Option<String>,
+    /// How long an approval waits for its decision and then its use.
+    pub ttl: Duration,
+}
+
+impl Default for ApprovalOptions {
+    fn default() -> Self {
+        ApprovalOptions {
+            approver_token: None,
+            ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
+        }
+    }
+}
+
+impl std::fmt::Debug for ApprovalOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApprovalOptions")
+            .field(
+                "approver_token",
+                &self.approver_token.as_ref().map(|_| "<set>"),
+            )
+            .field("ttl", &self.ttl)
+            .finish()
+    }
 }
 
 impl Default for RegistryOptions {
@@ -91,6 +124,7 @@ impl Default for RegistryOptions {
             workers: crate::workers::WorkerBoardOptions::default(),
             tls: None,
             listener: ListenerOptions::default(),
+            approvals: ApprovalOptions::default(),
         }
     }
 }
@@ -146,12 +180,14 @@ impl Registry {
         let grpc_listener = bind(options.grpc_listen).await?;
         let http_listener = bind(options.http_listen).await?;
         let addrs = [local_addr(&grpc_listener)?, local_addr(&http_listener)?];
-        let auth = Authenticator::new(&options.auth, &addrs)?;
+        let auth = Authenticator::new(&options.auth, &addrs)?
+            .with_approver_token(options.approvals.approver_token.as_deref())?;
         let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
             .with_preview_env(options.preview_env.clone())
             .with_preview_egress(options.preview_egress.clone())
-            .with_worker_board(options.workers.clone());
+            .with_worker_board(options.workers.clone())
+            .with_approval_ttl(options.approvals.ttl);
         if state.has_mcp_dir() {
             state.rescan().await?;
         }
@@ -209,6 +245,11 @@ impl Registry {
             ));
         }
 
+        tokio::spawn(expire_approvals_periodically(
+            state.clone(),
+            shutdown.clone(),
+        ));
+
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_serving::<McpRegistryServiceServer<GrpcService>>()
@@ -225,6 +266,9 @@ impl Registry {
             .add_service(reflection().build_v1().map_err(reflection_error)?)
             .add_service(reflection().build_v1alpha().map_err(reflection_error)?)
             .add_service(McpRegistryServiceServer::new(GrpcService::new(
+                state.clone(),
+            )))
+            .add_service(McpApprovalServiceServer::new(GrpcApprovalService::new(
                 state.clone(),
             )));
         let tls = options
@@ -357,6 +401,23 @@ async fn compact_periodically(store: Arc<dyn Store>, retention: u64, shutdown: C
             }
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "reading head for compaction failed"),
+        }
+    }
+}
+
+/// How often approvals past their expiry are marked `expired` even when
+/// nobody reads them, so the audit line and metric come close to the time.
+const APPROVAL_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+async fn expire_approvals_periodically(state: RegistryState, shutdown: CancellationToken) {
+    let mut timer = tokio::time::interval(APPROVAL_SWEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = timer.tick() => {}
+        }
+        if let Err(err) = state.expire_approvals().await {
+            tracing::warn!(error = %err, "marking expired approvals failed");
         }
     }
 }

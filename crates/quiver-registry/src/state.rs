@@ -230,6 +230,7 @@ pub struct RegistryState {
     preview_timeout: Duration,
     preview_env: PreviewEnv,
     preview_egress: quiver_mcp::egress::EgressPolicy,
+    approval_ttl: Duration,
 }
 
 /// Where a tool preview's `${ENV:…}` references and the stdio child's base
@@ -276,7 +277,20 @@ impl RegistryState {
             preview_timeout: PREVIEW_TIMEOUT,
             preview_env: PreviewEnv::default(),
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
+            approval_ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
         }
+    }
+
+    /// The same state with another approval lifetime than
+    /// [`crate::approvals::DEFAULT_APPROVAL_TTL`].
+    pub fn with_approval_ttl(mut self, ttl: Duration) -> Self {
+        self.approval_ttl = ttl;
+        self
+    }
+
+    /// How long an approval waits for its decision and its use.
+    pub fn approval_ttl(&self) -> Duration {
+        self.approval_ttl
     }
 
     /// The same state with other bounds on the worker board.

@@ -73,6 +73,8 @@ pub struct ServerHealth {
     pub tool_count: Option<u32>,
     /// Median call latency, when known.
     pub p50_latency_ms: Option<f64>,
+    /// Live per-session connections (`isolation = "per_session"`).
+    pub session_connections: u32,
 }
 
 /// One worker's last report.
@@ -347,6 +349,7 @@ mod tests {
             last_error: Some("ééé".into()),
             reconnect_count: 0,
             tool_count: None,
+            session_connections: 0,
             p50_latency_ms: None,
         });
         board.report(report, 1).unwrap();

@@ -930,6 +930,7 @@ async fn workers_show_their_lag_behind_head() {
                     reconnect_count: 2,
                     tool_count: Some(7),
                     p50_latency_ms: Some(1.5),
+                    session_connections: 4,
                 }],
             })
             .await
@@ -954,6 +955,7 @@ async fn workers_show_their_lag_behind_head() {
         json!({
             "server_id": "a", "state": "degraded", "last_error": "boom",
             "reconnect_count": 2, "tool_count": 7, "p50_latency_ms": 1.5,
+            "session_connections": 4,
         })
     );
 }

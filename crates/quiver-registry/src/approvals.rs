@@ -1,0 +1,332 @@
+//! Approvals on the registry (docs/reference.md §13.7): workers request and
+//! use them over gRPC, approvers decide them over REST (`/admin/api/approvals`)
+//! or the web admin. Every state change is one audit line (target
+//! `quiver::audit`) and one count in `quiver_approvals_total{state}`.
+//!
+//! Expiry is applied lazily: every read and decision first marks approvals
+//! past their expiry `expired` (audited once, by whichever replica marks
+//! them); the store's use and decide statements also check the expiry
+//! themselves, so a sweep that has not run yet never lets one through.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use quiver_model::approval::{
+    Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome, arguments_from_json,
+    canonical_arguments_hash, masked_arguments,
+};
+use quiver_store::{DecideOutcome, NewApproval};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::RegistryError;
+use crate::rest::{Params, http_identity};
+use crate::state::RegistryState;
+
+/// How long an approval waits for its decision and then for its one use
+/// when the registry is not told otherwise (`--approval-ttl-secs`).
+pub const DEFAULT_APPROVAL_TTL: Duration = Duration::from_secs(900);
+
+/// Largest `arguments_json` an approval request may carry.
+pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
+
+/// Longest approver note, in characters.
+pub const MAX_NOTE_CHARS: usize = 1000;
+
+/// Approvals a list returns when the caller names no limit, and at most.
+const LIST_DEFAULT_LIMIT: u32 = 200;
+const LIST_MAX_LIMIT: u32 = 1000;
+
+/// Longest task, server id or tool name an approval binds.
+const MAX_NAME_CHARS: usize = 256;
+
+/// A worker's request for an approval (gRPC `RequestApproval`).
+#[derive(Debug, Clone)]
+pub struct ApprovalRequest {
+    /// The call it is for; `arguments_hash` as the worker computed it.
+    pub binding: ApprovalBinding,
+    /// The call's arguments as JSON text.
+    pub arguments_json: String,
+}
+
+fn audit(approval: &Approval, action: &'static str, actor: &str) {
+    metrics::counter!("quiver_approvals_total", "state" => approval.state.as_str()).increment(1);
+    tracing::info!(
+        target: "quiver::audit",
+        action,
+        approval_id = %approval.approval_id,
+        task = %approval.binding.task,
+        server_id = %approval.binding.server_id,
+        tool = %approval.binding.tool,
+        record_revision = approval.binding.record_revision,
+        actor = %actor,
+        "approval"
+    );
+}
+
+fn check_name(field: &str, value: &str) -> Result<(), RegistryError> {
+    if value.is_empty() {
+        return Err(RegistryError::invalid(field, "must not be empty"));
+    }
+    if value.chars().count() > MAX_NAME_CHARS || value.chars().any(char::is_control) {
+        return Err(RegistryError::invalid(
+            field,
+            format!("must be at most {MAX_NAME_CHARS} characters without control characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn not_found(approval_id: &str) -> RegistryError {
+    RegistryError::NotFound(format!("approval {approval_id:?} not found"))
+}
+
+impl RegistryState {
+    /// Stores a pending approval for one call; refuses malformed input and
+    /// an `arguments_hash` that is not the canonical hash of the arguments.
+    pub async fn request_approval(
+        &self,
+        request: ApprovalRequest,
+        requested_by: &str,
+    ) -> Result<Approval, RegistryError> {
+        let binding = request.binding;
+        check_name("task", &binding.task)?;
+        check_name("server_id", &binding.server_id)?;
+        check_name("tool", &binding.tool)?;
+        if request.arguments_json.len() > MAX_ARGUMENTS_BYTES {
+            return Err(RegistryError::invalid(
+                "arguments_json",
+                format!("larger than {MAX_ARGUMENTS_BYTES} bytes"),
+            ));
+        }
+        let arguments = arguments_from_json(&request.arguments_json)
+            .map_err(|err| RegistryError::invalid("arguments_json", err.to_string()))?;
+        if !arguments.is_object() {
+            return Err(RegistryError::invalid(
+                "arguments_json",
+                "must be a JSON object",
+            ));
+        }
+        let expected = canonical_arguments_hash(&arguments);
+        if binding.arguments_hash != expected {
+            return Err(RegistryError::invalid(
+                "arguments_hash",
+                format!(
+                    "is not the canonical hash of arguments_json (expected {expected}): \
+                     sha256 of the JSON with keys sorted at every depth and no whitespace"
+                ),
+            ));
+        }
+        let ttl = chrono::Duration::from_std(self.approval_ttl())
+            .map_err(|err| RegistryError::Internal(format!("approval ttl: {err}")))?;
+        let approval = self
+            .store
+            .create_approval(NewApproval {
+                binding,
+                arguments,
+                requested_by: requested_by.to_owned(),
+                ttl,
+            })
+            .await?;
+        audit(&approval, "approval_requested", requested_by);
+        Ok(approval)
+    }
+
+    /// Marks approvals past their expiry `expired`, auditing each once.
+    pub async fn expire_approvals(&self) -> Result<(), RegistryError> {
+        for approval in self.store.expire_approvals().await? {
+            audit(&approval, "approval_expired", "registry");
+        }
+        Ok(())
+    }
+
+    /// One approval, or NOT_FOUND.
+    pub async fn approval(&self, approval_id: &str) -> Result<Approval, RegistryError> {
+        self.expire_approvals().await?;
+        self.store
+            .get_approval(approval_id)
+            .await?
+            .ok_or_else(|| not_found(approval_id))
+    }
+
+    /// Approvals in one state (or all, pending first), newest first.
+    pub async fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, RegistryError> {
+        self.expire_approvals().await?;
+        Ok(self.store.list_approvals(state, limit).await?)
+    }
+
+    /// Approves or denies a pending approval; NOT_FOUND or
+    /// `approval_not_pending` (409) otherwise.
+    pub async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: ApprovalDecision,
+        decided_by: &str,
+        note: Option<String>,
+    ) -> Result<Approval, RegistryError> {
+        self.expire_approvals().await?;
+        match self
+            .store
+            .decide_approval(approval_id, decision, decided_by, note)
+            .await?
+        {
+            DecideOutcome::Decided(approval) => {
+                let action = match decision {
+                    ApprovalDecision::Approve => "approval_approved",
+                    ApprovalDecision::Deny => "approval_denied",
+                };
+                audit(&approval, action, decided_by);
+                Ok(approval)
+            }
+            DecideOutcome::NotFound => Err(not_found(approval_id)),
+            DecideOutcome::NotPending(approval) => Err(RegistryError::ApprovalNotPending(format!(
+                "approval {approval_id:?} is {}, not pending",
+                approval.state
+            ))),
+        }
+    }
+
+    /// Uses an approval for one call: exactly one use of an approved,
+    /// unexpired approval bound to exactly this call gets
+    /// [`UseOutcome::Used`]; refusals are outcomes, not errors.
+    pub async fn use_approval(
+        &self,
+        approval_id: &str,
+        call: &ApprovalBinding,
+        used_by: &str,
+    ) -> Result<(UseOutcome, Option<Approval>), RegistryError> {
+        let (outcome, approval) = self.store.use_approval(approval_id, call, used_by).await?;
+        match (&outcome, &approval) {
+            (UseOutcome::Used, Some(approval)) => audit(approval, "approval_used", used_by),
+            // The store saw it past its expiry: mark (and audit) it now.
+            (UseOutcome::Expired, _) => self.expire_approvals().await?,
+            _ => {}
+        }
+        if outcome != UseOutcome::Used {
+            metrics::counter!("quiver_approval_use_refusals_total", "reason" => outcome.as_str())
+                .increment(1);
+        }
+        Ok((outcome, approval))
+    }
+}
+
+/// Routes of the approvals API, merged into the admin API at `/admin/api`.
+pub fn router() -> Router<RegistryState> {
+    Router::new()
+        .route("/approvals", get(list))
+        .route("/approvals/{id}", get(show).post(decide))
+}
+
+/// A caller of the approvals API: the admin or the approver token.
+struct Approver {
+    actor: String,
+}
+
+impl FromRequestParts<RegistryState> for Approver {
+    type Rejection = RegistryError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &RegistryState,
+    ) -> Result<Self, Self::Rejection> {
+        let (role, actor) = http_identity(parts, state)?;
+        role.require_approver()?;
+        Ok(Approver { actor })
+    }
+}
+
+/// An approval as the REST API shows it: arguments with secret-looking
+/// keys masked (approvers decide on what the call does, not on secrets).
+pub fn presented(approval: &Approval) -> Value {
+    let mut body = json!(approval);
+    body["arguments"] = masked_arguments(&approval.arguments);
+    body
+}
+
+fn list_query(
+    query: &HashMap<String, String>,
+) -> Result<(Option<ApprovalState>, u32), RegistryError> {
+    let state = match query.get("state").map(String::as_str) {
+        None | Some("" | "all") => None,
+        Some(name) => Some(
+            name.parse::<ApprovalState>()
+                .map_err(|err| RegistryError::invalid("state", err.to_string()))?,
+        ),
+    };
+    let limit = match query.get("limit") {
+        None => LIST_DEFAULT_LIMIT,
+        Some(text) => text
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=LIST_MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                RegistryError::invalid("limit", format!("must be 1 to {LIST_MAX_LIMIT}"))
+            })?,
+    };
+    Ok((state, limit))
+}
+
+async fn list(
+    _caller: Approver,
+    State(state): State<RegistryState>,
+    Params(query): Params,
+) -> Result<Response, RegistryError> {
+    let (filter, limit) = list_query(&query)?;
+    let approvals = state.approvals(filter, limit).await?;
+    let approvals: Vec<Value> = approvals.iter().map(presented).collect();
+    Ok(axum::Json(json!({"approvals": approvals})).into_response())
+}
+
+async fn show(
+    _caller: Approver,
+    State(state): State<RegistryState>,
+    Path(id): Path<String>,
+) -> Result<Response, RegistryError> {
+    let approval = state.approval(&id).await?;
+    Ok(axum::Json(presented(&approval)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    decision: ApprovalDecision,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+async fn decide(
+    caller: Approver,
+    State(state): State<RegistryState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, RegistryError> {
+    let body: DecisionBody = serde_json::from_slice(&body).map_err(|err| {
+        RegistryError::invalid(
+            "decision",
+            format!("expected {{\"decision\": \"approve\" | \"deny\", \"note\"?}}: {err}"),
+        )
+    })?;
+    let note = body.note.filter(|note| !note.trim().is_empty());
+    if let Some(note) = &note
+        && note.chars().count() > MAX_NOTE_CHARS
+    {
+        return Err(RegistryError::invalid(
+            "note",
+            format!("longer than {MAX_NOTE_CHARS} characters"),
+        ));
+    }
+    let approval = state
+        .decide_approval(&id, body.decision, &caller.actor, note)
+        .await?;
+    Ok(axum::Json(presented(&approval)).into_response())
+}
