@@ -23,6 +23,11 @@ pub enum ErrorCode {
     McpOutputTooLarge,
     /// The tool needs an approval before it runs.
     McpApprovalRequired,
+    /// The approval given for the call was denied by an approver.
+    McpApprovalDenied,
+    /// The approval given cannot be used for this call (unknown, pending,
+    /// used, expired, or approved for another call).
+    McpApprovalInvalid,
     /// The server's own `isError` result, its text kept.
     McpToolError,
     /// A call not run because a session budget of the chat request is used up.
@@ -31,6 +36,9 @@ pub enum ErrorCode {
     InvalidRequest,
     /// No or unknown bearer token.
     Unauthenticated,
+    /// The `Host` or `Origin` header is not allowed on the MCP endpoints
+    /// (DNS-rebinding protection).
+    ForbiddenOrigin,
     /// No such route.
     NotFound,
     /// The route exists but not with this method.
@@ -93,10 +101,13 @@ impl ErrorCode {
             ErrorCode::McpApprovalRequired => {
                 ("mcp_approval_required", StatusCode::FORBIDDEN, false)
             }
+            ErrorCode::McpApprovalDenied => ("mcp_approval_denied", StatusCode::FORBIDDEN, false),
+            ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", StatusCode::FORBIDDEN, false),
             ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
             ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
             ErrorCode::InvalidRequest => ("invalid_request", StatusCode::BAD_REQUEST, false),
             ErrorCode::Unauthenticated => ("unauthenticated", StatusCode::UNAUTHORIZED, false),
+            ErrorCode::ForbiddenOrigin => ("forbidden_origin", StatusCode::FORBIDDEN, false),
             ErrorCode::NotFound => ("not_found", StatusCode::NOT_FOUND, false),
             ErrorCode::MethodNotAllowed => {
                 ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED, false)
@@ -142,17 +153,20 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 21] = [
+    const ALL: [ErrorCode; 24] = [
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,
         ErrorCode::McpPolicyDenied,
         ErrorCode::McpOutputTooLarge,
         ErrorCode::McpApprovalRequired,
+        ErrorCode::McpApprovalDenied,
+        ErrorCode::McpApprovalInvalid,
         ErrorCode::McpToolError,
         ErrorCode::McpBudgetExceeded,
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
+        ErrorCode::ForbiddenOrigin,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::PayloadTooLarge,

@@ -23,6 +23,10 @@ pub enum McpError {
     /// or with a message that cannot be parsed.
     #[error("{0}")]
     Protocol(String),
+    /// A per-session server was called without a session; the message says
+    /// which header to send.
+    #[error("{0}")]
+    SessionRequired(String),
     /// The server's answer is over `max_message_bytes`: it was dropped
     /// unread, and the request failed at once.
     #[error("{0}")]
@@ -38,6 +42,7 @@ impl McpError {
             McpError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
             McpError::EgressDenied(_) => ErrorCode::McpPolicyDenied,
             McpError::OutputTooLarge(_) => ErrorCode::McpOutputTooLarge,
+            McpError::SessionRequired(_) => ErrorCode::InvalidRequest,
         }
     }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientNotification, ClientRequest, CustomNotification,
-    RequestId, ServerResult,
+    ProgressToken, RequestId, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RequestHandle, ServiceError};
 use tokio::sync::oneshot;
@@ -41,6 +41,8 @@ pub type Answer = Result<ServerResult, ServiceError>;
 pub struct InFlightCall<S: Send + 'static> {
     connection: Arc<Connection>,
     id: RequestId,
+    /// The progress token rmcp sent the call with.
+    pub progress_token: ProgressToken,
     answer: Option<oneshot::Receiver<Answer>>,
     slot: Option<S>,
     cancel_grace: Duration,
@@ -58,13 +60,19 @@ impl<S: Send + 'static> InFlightCall<S> {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // No rmcp timeout: it would forget the request when it cancels it,
         // and a late answer is what tells that the server is done.
-        let RequestHandle { rx, id, .. } = connection
+        let RequestHandle {
+            rx,
+            id,
+            progress_token,
+            ..
+        } = connection
             .peer()
             .send_cancellable_request(request, PeerRequestOptions::no_options())
             .await?;
         Ok(InFlightCall {
             connection,
             id,
+            progress_token,
             answer: Some(rx),
             slot: Some(slot),
             cancel_grace,

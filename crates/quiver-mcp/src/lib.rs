@@ -10,18 +10,23 @@ mod error;
 mod inflight;
 mod json_scan;
 pub mod launch;
+pub mod leases;
 pub mod legacy_sse;
 mod listing;
+pub mod oauth;
 pub mod output;
 mod peer_events;
 mod pool;
 pub mod probe;
 mod process_tree;
+pub mod relay;
 pub mod server_log;
 mod stdio;
 mod tools;
 
 pub use code::ErrorCode;
 pub use error::McpError;
-pub use pool::{CallOutcome, HealthState, McpPool, PoolOptions, ServerHealth};
+pub use pool::{
+    CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,
+};
 pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};

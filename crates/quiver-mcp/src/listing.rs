@@ -81,7 +81,7 @@ where
             if items.len() + listed.len() > limits.max_items {
                 return Err(exceeded("max_list_items", limits.max_items));
             }
-            bytes += listed.iter().map(json_size).sum::<usize>();
+            bytes += listed.iter().map(crate::output::json_len).sum::<usize>();
             if bytes > limits.max_bytes {
                 return Err(exceeded("max_list_bytes", limits.max_bytes));
             }
@@ -104,24 +104,6 @@ where
                 limits.timeout.as_millis()
             )))
         })
-}
-
-/// Length of `item` as JSON, without building the JSON.
-fn json_size(item: &impl Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter fails only for values that cannot be JSON.
-    let _ = serde_json::to_writer(&mut count, item);
-    count.0
 }
 
 #[cfg(test)]

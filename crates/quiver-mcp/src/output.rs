@@ -31,7 +31,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 
 /// Bytes of `value` as compact JSON, counted without building the string.
-fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+pub(crate) fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
     struct Counter(usize);
     impl io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {

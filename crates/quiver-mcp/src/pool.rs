@@ -15,18 +15,22 @@ use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quiver_model::{McpServerSpec, StoredServer};
-use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, ServerResult, Tool};
+use quiver_model::{Isolation, McpServerSpec, StoredServer};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, JsonObject, RequestMetaObject, ServerResult, Tool,
+};
 use rmcp::service::ServiceError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{ConnectSettings, Connection, StderrTail};
+use crate::connection::{ClientSide, ConnectSettings, Connection, StderrTail};
 use crate::error::McpError;
 use crate::inflight::{Answer, InFlightCall};
 use crate::launch::{EnvLookup, Launch, launch, process_env};
+use crate::leases::{LeaseLimits, Leases, SessionKey};
 use crate::listing::ListLimits;
 use crate::output::{OutputSize, enforce_cap};
+use crate::relay::{CallAttachment, EVENT_CHANNEL_CAPACITY, Relay, ServerEvent};
 use crate::server_log::ServerLog;
 use crate::tools::ToolsCache;
 
@@ -75,6 +79,11 @@ pub struct PoolOptions {
     pub http: reqwest::Client,
     /// Hosts the HTTP transports may connect to (default: all).
     pub egress: crate::egress::EgressPolicy,
+    /// Caps on the connections of `isolation = "per_session"` servers.
+    pub session_leases: LeaseLimits,
+    /// A per-session connection unused this long is closed (its session
+    /// starts afresh on its next call).
+    pub session_idle_timeout: Duration,
 }
 
 impl Default for PoolOptions {
@@ -101,6 +110,8 @@ impl Default for PoolOptions {
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
             egress: crate::egress::EgressPolicy::default(),
+            session_leases: LeaseLimits::default(),
+            session_idle_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -147,6 +158,8 @@ pub struct ServerHealth {
     pub p50_latency_ms: Option<f64>,
     /// Pid of the live stdio child.
     pub pid: Option<u32>,
+    /// Live per-session connections (`isolation = "per_session"`).
+    pub sessions: usize,
     /// Last stderr lines of the server.
     pub stderr_tail: Vec<String>,
     /// Last log messages the server sent (`notifications/message`).
@@ -162,6 +175,42 @@ pub struct CallOutcome {
     pub output: OutputSize,
     /// Time spent, queueing included.
     pub duration: Duration,
+}
+
+/// Why a forwarded request failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ForwardError {
+    /// The server answered with a JSON-RPC error, passed on as it is.
+    #[error("server error {}: {}", .0.code.0, .0.message)]
+    Server(rmcp::model::ErrorData),
+    /// The request did not get an answer (or not one that may be passed on).
+    #[error(transparent)]
+    Failed(#[from] McpError),
+}
+
+/// What a call carries besides its name and arguments.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// The caller's `_meta`, passed on (protocol keys of the caller's own
+    /// session and its progress token are not: see [`forwarded_meta`]).
+    pub meta: Option<RequestMetaObject>,
+    /// The caller, for the server's traffic about the call.
+    pub attachment: Option<CallAttachment>,
+    /// The caller's session: required by `isolation = "per_session"`
+    /// servers, whose calls then run on the session's own connection.
+    pub session: Option<SessionKey>,
+}
+
+/// The `_meta` sent upstream: the caller's, without the keys that describe
+/// the caller's own session with the worker (`io.modelcontextprotocol/…`:
+/// protocol version, capabilities) and without its progress token (rmcp
+/// sends every request with a token of its own, mapped back by the relay).
+fn forwarded_meta(meta: Option<RequestMetaObject>) -> Option<RequestMetaObject> {
+    let mut meta = meta?;
+    meta.0
+        .0
+        .retain(|key, _| key != "progressToken" && !key.starts_with("io.modelcontextprotocol/"));
+    (!meta.0.0.is_empty()).then_some(meta)
 }
 
 const LATENCY_WINDOW: usize = 64;
@@ -194,7 +243,9 @@ struct Entry {
     /// `max_concurrency` permits; replaced when the budget changes (calls in
     /// flight keep the permits of the old one).
     calls: ArcSwap<Semaphore>,
-    tools: ToolsCache,
+    tools: Arc<ToolsCache>,
+    /// Calls in flight, for what the server sends about them.
+    relay: Arc<Relay>,
     stderr: StderrTail,
     log: ServerLog,
     last_used: Mutex<Instant>,
@@ -207,6 +258,17 @@ struct Entry {
     /// connect. Health shows the server down meanwhile.
     beyond_child_cap: AtomicBool,
     latencies: Mutex<std::collections::VecDeque<f64>>,
+    /// A per-session lease (counted in `mcp_session_connections` while it lives).
+    lease: AtomicBool,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.lease.load(Ordering::Relaxed) {
+            metrics::gauge!("mcp_session_connections", "server_id" => self.server_id())
+                .decrement(1.0);
+        }
+    }
 }
 
 impl Entry {
@@ -220,7 +282,8 @@ impl Entry {
             server: ArcSwap::new(server),
             slot: tokio::sync::Mutex::new(Slot::default()),
             live: Mutex::new(None),
-            tools: ToolsCache::default(),
+            tools: Arc::default(),
+            relay: Arc::default(),
             stderr: StderrTail::default(),
             last_used: Mutex::new(Instant::now()),
             last_error: Mutex::new(None),
@@ -228,6 +291,7 @@ impl Entry {
             listing_failed: AtomicBool::new(false),
             beyond_child_cap: AtomicBool::new(false),
             latencies: Mutex::new(std::collections::VecDeque::with_capacity(LATENCY_WINDOW)),
+            lease: AtomicBool::new(false),
         }
     }
 
@@ -293,6 +357,9 @@ struct PoolInner {
     entries: Mutex<HashMap<String, Arc<Entry>>>,
     inflight: Arc<Semaphore>,
     children: Arc<Semaphore>,
+    events: broadcast::Sender<ServerEvent>,
+    /// Connections of per-session servers, one per (server, task, session).
+    leases: Leases<Arc<Entry>>,
     shutdown: CancellationToken,
 }
 
@@ -354,11 +421,15 @@ fn same_connection(a: &McpServerSpec, b: &McpServerSpec) -> bool {
 impl McpPool {
     /// An empty pool; the idle reaper runs until [`McpPool::shutdown`].
     pub fn new(options: PoolOptions) -> Self {
+        let leases = Leases::new(options.session_leases);
+        let session_idle = options.session_idle_timeout;
         let inner = Arc::new(PoolInner {
             inflight: Arc::new(Semaphore::new(options.max_inflight_calls.max(1))),
             children: Arc::new(Semaphore::new(options.max_child_processes.max(1))),
             options,
             entries: Mutex::new(HashMap::new()),
+            events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
+            leases,
             shutdown: CancellationToken::new(),
         });
         if let Some(idle) = inner.options.idle_timeout {
@@ -368,6 +439,11 @@ impl McpPool {
                 inner.shutdown.clone(),
             ));
         }
+        tokio::spawn(reap_idle_leases(
+            Arc::downgrade(&inner),
+            session_idle,
+            inner.shutdown.clone(),
+        ));
         McpPool { inner }
     }
 
@@ -447,10 +523,66 @@ impl McpPool {
                 }
             }
         }
+        // A session's connection ends with its record's revision: a changed
+        // record starts every session afresh.
+        retired.extend(self.inner.leases.remove_where(|server_id, _, lease| {
+            servers
+                .get(server_id)
+                .is_none_or(|s| !s.spec.enabled || **s != **lease.server.load())
+        }));
         let pool = Arc::downgrade(&self.inner);
         for entry in retired {
             retire(entry, pool.clone());
         }
+    }
+
+    /// The entry a call runs on: the server's own, or for a per-session
+    /// server the lease of the caller's session (created on first use,
+    /// within the caps).
+    fn call_entry(
+        &self,
+        server: &Arc<StoredServer>,
+        session: Option<&SessionKey>,
+    ) -> Result<Arc<Entry>, McpError> {
+        if server.spec.isolation != Isolation::PerSession {
+            return Ok(self.entry(server));
+        }
+        let server_id = &server.spec.server_id;
+        let Some(session) = session else {
+            return Err(McpError::SessionRequired(format!(
+                "{server_id} keeps state per session (isolation = \"per_session\"): send the x-quiver-session header naming your session (on /mcp endpoints the MCP session is used)"
+            )));
+        };
+        let (lease, replaced) = self.inner.leases.lease(
+            server_id,
+            session,
+            |lease| lease.newest_revision.load(Ordering::Relaxed) >= server.revision,
+            || {
+                metrics::gauge!("mcp_session_connections", "server_id" => server_id.clone())
+                    .increment(1.0);
+                tracing::info!(server_id = %server_id, task = %session.task, "per-session connection leased");
+                let entry = Entry::new(server.clone(), &self.inner.options);
+                entry.lease.store(true, Ordering::Relaxed);
+                Arc::new(entry)
+            },
+        )?;
+        if let Some(replaced) = replaced {
+            retire(replaced, Arc::downgrade(&self.inner));
+        }
+        Ok(lease)
+    }
+
+    /// Ends the per-session connections of `session` (every server): calls
+    /// in flight finish, then the processes are ended and reaped. Returns
+    /// how many there were.
+    pub fn end_session(&self, session: &SessionKey) -> usize {
+        let ended = self.inner.leases.remove_where(|_, key, _| key == session);
+        let count = ended.len();
+        let pool = Arc::downgrade(&self.inner);
+        for entry in ended {
+            retire(entry, pool.clone());
+        }
+        count
     }
 
     /// Returns the live connection of `entry`, opening one if needed.
@@ -518,8 +650,13 @@ impl McpPool {
             egress: self.inner.options.egress.clone(),
         };
         let server_id = &entry.server_id();
-        let opened =
-            Connection::open(launch, &settings, &entry.stderr, &entry.log, child_slot).await;
+        let side = ClientSide {
+            log: entry.log.clone(),
+            relay: entry.relay.clone(),
+            events: self.inner.events.clone(),
+            tools: entry.tools.clone(),
+        };
+        let opened = Connection::open(launch, &settings, &entry.stderr, &side, child_slot).await;
         self.inner.update_child_gauge();
         match opened {
             Ok(connection) => {
@@ -685,7 +822,21 @@ impl McpPool {
         arguments: Option<JsonObject>,
         started: Instant,
     ) -> Result<CallOutcome, McpError> {
-        let entry = self.entry(server);
+        self.call_tool_with(server, tool, arguments, started, CallOptions::default())
+            .await
+    }
+
+    /// [`call_tool_since`](Self::call_tool_since) with the caller's `_meta`
+    /// passed on and the server's traffic about the call relayed to it.
+    pub async fn call_tool_with(
+        &self,
+        server: &Arc<StoredServer>,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        started: Instant,
+        options: CallOptions,
+    ) -> Result<CallOutcome, McpError> {
+        let entry = self.call_entry(server, options.session.as_ref())?;
         let budgets = entry.server.load().spec.budgets;
         let timeout = Duration::from_millis(budgets.tool_timeout_ms);
         let server_id = entry.server_id();
@@ -704,19 +855,25 @@ impl McpPool {
             })??;
             let connection = self.connection(&entry).await?;
             entry.touch();
+            let relayed = entry.relay.register(options.attachment, started + timeout);
             let mut params = CallToolRequestParams::new(tool.to_owned());
             params.arguments = arguments;
+            params.meta = forwarded_meta(options.meta);
             let remaining = timeout.saturating_sub(started.elapsed());
             let grace = self.inner.options.cancel_grace;
             let answer = tokio::time::timeout(remaining, async {
                 match InFlightCall::send(connection.clone(), params, permits, grace).await {
-                    Ok(call) => call.answer(remaining).await,
+                    Ok(call) => {
+                        relayed.bind_progress(call.progress_token.clone());
+                        call.answer(remaining).await
+                    }
                     Err(err) => Some(Err(err)),
                 }
             })
             .await
             .ok()
             .flatten();
+            drop(relayed);
             match answer {
                 None => Err(McpError::Timeout(budgets.tool_timeout_ms)),
                 Some(answer) => {
@@ -758,6 +915,89 @@ impl McpPool {
         }
     }
 
+    /// Changes servers announce (list changes, resource updates), for every
+    /// subscriber; see [`crate::relay`].
+    pub fn events(&self) -> broadcast::Receiver<ServerEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// What the server said of itself when it was connected (capabilities,
+    /// implementation, instructions); connects if needed, within
+    /// `initialize_timeout`.
+    pub async fn server_info(
+        &self,
+        server: &Arc<StoredServer>,
+    ) -> Result<Arc<rmcp::model::ServerPeerInfo>, McpError> {
+        let entry = self.entry(server);
+        let connection = self.connection(&entry).await?;
+        connection
+            .peer()
+            .peer_info()
+            .ok_or_else(|| McpError::Unavailable("the server sent no initialize result".into()))
+    }
+
+    /// Sends any other request to the server (resources, prompts,
+    /// completions, subscriptions, log level) and returns its answer as it
+    /// is (a per-session server answers on `session`'s connection): within the worker-wide in-flight cap, `tool_timeout_ms` (a
+    /// request out of time is cancelled on the server) and, for the answer,
+    /// `max_tool_output_bytes`. A JSON-RPC error of the server is returned
+    /// as the server sent it.
+    pub async fn forward<T, F, Fut>(
+        &self,
+        server: &Arc<StoredServer>,
+        session: Option<&SessionKey>,
+        request: F,
+    ) -> Result<T, ForwardError>
+    where
+        T: serde::Serialize,
+        F: FnOnce(rmcp::service::Peer<rmcp::RoleClient>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ServiceError>>,
+    {
+        let started = Instant::now();
+        let entry = self.call_entry(server, session)?;
+        let budgets = entry.server.load().spec.budgets;
+        let timeout = Duration::from_millis(budgets.tool_timeout_ms);
+        let answer = tokio::time::timeout(timeout, async {
+            let _permit = self
+                .inner
+                .inflight
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| McpError::Unavailable("worker is shutting down".into()))?;
+            let connection = self.connection(&entry).await?;
+            entry.touch();
+            // Dropping the request on timeout sends `notifications/cancelled`.
+            let answer = request(connection.peer().clone()).await;
+            if answer.is_err() && connection.is_closed() {
+                entry.discard(&connection).await;
+                self.inner.update_child_gauge();
+            }
+            Ok::<_, McpError>(answer)
+        })
+        .await
+        .map_err(|_| McpError::Timeout(budgets.tool_timeout_ms))??;
+        let result = match answer {
+            Ok(result) => result,
+            Err(ServiceError::McpError(error))
+                if crate::stdio::dropped_answer(&error).is_none() =>
+            {
+                return Err(ForwardError::Server(error));
+            }
+            Err(err) => return Err(map_service_error(err, budgets.tool_timeout_ms).into()),
+        };
+        let size = crate::output::json_len(&result);
+        let max = budgets.max_tool_output_bytes as usize;
+        if size > max {
+            return Err(McpError::OutputTooLarge(format!(
+                "the answer is {size} bytes, over max_tool_output_bytes ({max})"
+            ))
+            .into());
+        }
+        entry.record_latency(started.elapsed());
+        Ok(result)
+    }
+
     /// The result of an answered call; a connection found closed is
     /// forgotten, and errors name why the worker closed it, if it did.
     async fn answered(
@@ -788,6 +1028,7 @@ impl McpPool {
     /// Health of every server the pool knows (R-MCP-5).
     pub fn health(&self) -> Vec<ServerHealth> {
         let entries: Vec<_> = self.entries().values().cloned().collect();
+        let sessions = self.inner.leases.counts();
         let mut health: Vec<_> = entries
             .iter()
             .map(|entry| {
@@ -825,6 +1066,7 @@ impl McpPool {
                     tool_count: entry.tools.cached_len(),
                     p50_latency_ms: entry.p50(),
                     pid: live.as_ref().and_then(|c| c.pid()),
+                    sessions: sessions.get(&entry.server_id()).copied().unwrap_or(0),
                     stderr_tail: entry.stderr.lines(),
                     log_tail: entry.log.lines(),
                 }
@@ -842,7 +1084,8 @@ impl McpPool {
     /// Closes every connection and kills every child process group.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel();
-        let entries: Vec<_> = self.entries().drain().map(|(_, entry)| entry).collect();
+        let mut entries: Vec<_> = self.entries().drain().map(|(_, entry)| entry).collect();
+        entries.extend(self.inner.leases.remove_where(|_, _, _| true));
         let closing = entries.into_iter().filter_map(|entry| {
             let connection = entry.live.lock().unwrap_or_else(|p| p.into_inner()).take();
             connection.map(|connection| async move { connection.close().await })
@@ -956,6 +1199,42 @@ async fn reap_idle(pool: std::sync::Weak<PoolInner>, idle: Duration, shutdown: C
                 drop(connection);
                 pool.update_child_gauge();
             }
+        }
+    }
+}
+
+/// Ends per-session connections unused for their record's
+/// `budgets.session_idle_ms` (else `idle`) with no call in flight.
+async fn reap_idle_leases(
+    pool: std::sync::Weak<PoolInner>,
+    idle: Duration,
+    shutdown: CancellationToken,
+) {
+    // Often enough for the shortest idle time a record may set (1 s).
+    let mut timer = tokio::time::interval(
+        (idle / 4).clamp(Duration::from_millis(50), Duration::from_millis(250)),
+    );
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = timer.tick() => {}
+        }
+        let Some(pool) = pool.upgrade() else { return };
+        let expired = pool.leases.remove_where(|_, _, entry| {
+            let unused_for = entry
+                .last_used
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed();
+            let budgets = entry.server.load().spec.budgets;
+            // The record's own idle time, else the worker's.
+            let idle = budgets.session_idle_ms.map_or(idle, Duration::from_millis);
+            let budget = (budgets.max_concurrency as usize).max(1);
+            unused_for >= idle && entry.calls.load().available_permits() == budget
+        });
+        for entry in expired {
+            tracing::info!(server_id = %entry.server_id(), "closing idle per-session connection");
+            retire(entry, Arc::downgrade(&pool));
         }
     }
 }

@@ -10,7 +10,7 @@ use quiver_model::McpServerSpec;
 use rmcp::model::{Implementation, Tool};
 use tokio::time::timeout_at;
 
-use crate::connection::{ConnectSettings, Connection, StderrTail};
+use crate::connection::{ClientSide, ConnectSettings, Connection, StderrTail};
 use crate::egress::EgressPolicy;
 use crate::error::McpError;
 use crate::launch::{EnvLookup, launch};
@@ -160,10 +160,10 @@ pub async fn probe_with_egress(
         after: deadline,
         stderr_tail,
     };
-    let log = ServerLog::new(&spec.server_id);
+    let side = ClientSide::standalone(ServerLog::new(&spec.server_id));
     let connection = match timeout_at(
         until,
-        Connection::open(&launch, &settings, &stderr, &log, None),
+        Connection::open(&launch, &settings, &stderr, &side, None),
     )
     .await
     {

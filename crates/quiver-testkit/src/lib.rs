@@ -2,6 +2,7 @@
 //! here talks to real components: a real PostgreSQL server, real processes.
 
 pub mod bench;
+pub mod bench_servers;
 #[cfg(feature = "proptest")]
 pub mod fuzz;
 pub use quiver_example_mcp::legacy_sse;
@@ -9,4 +10,5 @@ pub mod mcp_server;
 pub mod postgres;
 #[cfg(feature = "registry")]
 pub mod registry;
+pub mod scenario_server;
 pub mod upstream;

@@ -1,0 +1,154 @@
+//! OAuth 2.1 for remote MCP servers (the MCP authorization spec), on rmcp's
+//! `auth` module: discovery (protected-resource metadata from the
+//! `WWW-Authenticate` challenge or the well-known paths, then the
+//! authorization server's metadata with its OpenID fallbacks), client
+//! registration (pre-registered, a client ID metadata document, or dynamic
+//! registration, in that order), authorization code with PKCE (S256) and the
+//! RFC 8707 `resource`, and the token exchange.
+//!
+//! Every step that fails says which one it was ([`OAuthError`]); nothing of
+//! a failed attempt is kept.
+
+use rmcp::transport::AuthClient;
+use rmcp::transport::auth::{AuthorizationCallback, AuthorizationRequest, OAuthState};
+
+/// How a client is known to the authorization server.
+#[derive(Debug, Clone, Default)]
+pub struct OAuthClient {
+    /// A pre-registered client id (else a metadata document, else dynamic
+    /// registration).
+    pub client_id: Option<String>,
+    /// Its secret, for confidential clients.
+    pub client_secret: Option<String>,
+    /// An HTTPS URL of a client ID metadata document, used when the
+    /// authorization server supports them.
+    pub client_metadata_url: Option<String>,
+    /// Scopes to ask for; empty: what the challenge or the server's metadata
+    /// suggests.
+    pub scopes: Vec<String>,
+    /// Where the authorization server redirects with the code.
+    pub redirect_uri: String,
+}
+
+/// How the user's consent is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consent {
+    /// Visit the authorization URL and take the code from its redirect
+    /// without a browser (for authorization servers that approve at once).
+    Automatic,
+    /// Print the authorization URL and read the URL the browser was
+    /// redirected to from standard input.
+    Interactive,
+}
+
+/// A failed step of the authorization.
+#[derive(Debug, thiserror::Error)]
+pub enum OAuthError {
+    /// Metadata discovery or client registration failed.
+    #[error("oauth discovery/registration: {0}")]
+    Discovery(String),
+    /// The authorization URL could not be visited or gave no code.
+    #[error("oauth authorization: {0}")]
+    Authorization(String),
+    /// The code could not be exchanged for a token (or the state did not match).
+    #[error("oauth token exchange: {0}")]
+    Exchange(String),
+}
+
+/// Authorizes against the server at `server_url`, starting from its
+/// `challenge` (`WWW-Authenticate` of a 401 or 403) when there is one, and
+/// returns an HTTP client that sends (and refreshes) the access token.
+pub async fn authorize(
+    server_url: &str,
+    challenge: Option<&str>,
+    client: &OAuthClient,
+    consent: Consent,
+    http: reqwest::Client,
+) -> Result<AuthClient<reqwest::Client>, OAuthError> {
+    let discovery = |err: rmcp::transport::auth::AuthError| OAuthError::Discovery(err.to_string());
+    let mut state = OAuthState::new(server_url, Some(http.clone()))
+        .await
+        .map_err(discovery)?;
+    let mut request = AuthorizationRequest::new(client.redirect_uri.clone())
+        .with_client_name("quiver")
+        .with_scopes(client.scopes.iter().cloned());
+    if client.scopes.is_empty() {
+        request = request.with_initial_scope_selection();
+    }
+    if let Some(id) = &client.client_id {
+        request = request.with_preregistered_client(id.clone());
+    }
+    if let Some(secret) = &client.client_secret {
+        request = request.with_client_secret(secret.clone());
+    }
+    if let Some(url) = &client.client_metadata_url {
+        request = request.with_client_metadata_url(url.clone());
+    }
+    if let Some(challenge) = challenge {
+        request = request.with_challenge(challenge);
+    }
+    state
+        .start_authorization(request)
+        .await
+        .map_err(discovery)?;
+    let url = state
+        .get_authorization_url()
+        .await
+        .map_err(|err| OAuthError::Authorization(err.to_string()))?;
+    let callback = match consent {
+        Consent::Automatic => follow_authorization(&http, &url).await?,
+        Consent::Interactive => ask_for_redirect(&url).await?,
+    };
+    state
+        .handle_callback_with_issuer(
+            &callback.code,
+            &callback.csrf_token,
+            callback.issuer.as_deref(),
+        )
+        .await
+        .map_err(|err| OAuthError::Exchange(err.to_string()))?;
+    let manager = state
+        .into_authorization_manager()
+        .ok_or_else(|| OAuthError::Exchange("no authorization after the exchange".into()))?;
+    Ok(AuthClient::new(http, manager))
+}
+
+/// Visits the authorization URL without following its redirect: the
+/// redirect's `Location` carries the code.
+async fn follow_authorization(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<AuthorizationCallback, OAuthError> {
+    let failed = |what: String| OAuthError::Authorization(what);
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|err| failed(format!("GET the authorization URL: {err}")))?;
+    let status = response.status();
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|value| value.to_str().ok())
+        .ok_or_else(|| {
+            failed(format!(
+                "the authorization URL answered {status} without a redirect (it needs a person: run without --oauth-auto-authorize)"
+            ))
+        })?;
+    AuthorizationCallback::from_redirect_url(location)
+        .map_err(|err| failed(format!("the redirect carries no code: {err}")))
+}
+
+/// Prints the authorization URL and reads back where the browser landed.
+async fn ask_for_redirect(url: &str) -> Result<AuthorizationCallback, OAuthError> {
+    eprintln!("Open this URL, approve, then paste the URL your browser was sent to:\n{url}");
+    let line = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await
+    .map_err(|err| OAuthError::Authorization(err.to_string()))?
+    .map_err(|err| OAuthError::Authorization(format!("reading the redirect URL: {err}")))?;
+    AuthorizationCallback::from_redirect_url(line.trim())
+        .map_err(|err| OAuthError::Authorization(format!("the pasted URL carries no code: {err}")))
+}
