@@ -165,7 +165,7 @@ async fn fanout(
     let mut handles = Vec::with_capacity(syncs);
     for i in 0..syncs {
         let service = SyncService::new(SyncOptions {
-            registry_url: url.to_owned(),
+            registry_urls: vec![url.to_owned()],
             token: Some(WORKER_TOKEN.into()),
             worker_id: format!("bench-worker-{i}"),
             ..Default::default()

@@ -2,6 +2,8 @@
 //! the sync makes, with timeouts and conversion to domain types.
 
 use std::future::Future;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use quiver_model::StoredServer;
@@ -17,68 +19,164 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 type Client = quiver_proto::credentials::RegistryClient;
 
-/// Builds clients; every client gets its own lazily connected channel.
-#[derive(Clone)]
+/// Builds clients of the replica being followed; every client of the sync
+/// gets its own lazily connected channel.
 pub(crate) struct Connector {
-    endpoint: Endpoint,
+    /// One per replica, in the configured order.
+    replicas: Vec<Replica>,
+    /// Index of the replica being followed.
+    current: AtomicUsize,
     credentials: Credentials,
     request_timeout: Duration,
 }
 
+struct Replica {
+    url: String,
+    endpoint: Endpoint,
+    /// The status reporter's client: one channel that reconnects by itself.
+    reporting: OnceLock<RegistryClient>,
+    /// The approvals client, likewise.
+    approvals: OnceLock<quiver_proto::credentials::ApprovalClient>,
+}
+
 impl Connector {
     pub(crate) fn new(options: &SyncOptions) -> Result<Self, SyncError> {
-        let endpoint = Endpoint::from_shared(options.registry_url.clone())
-            .map_err(|err| {
-                SyncError::InvalidOptions(format!("registry_url {:?}: {err}", options.registry_url))
-            })?
-            .connect_timeout(options.connect_timeout)
-            .tcp_nodelay(true)
-            // A half-open connection otherwise goes unnoticed until the
-            // idle timeout; pings find it sooner and also keep NATs open.
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true);
-        let https = endpoint.uri().scheme_str() == Some("https");
-        let endpoint = match (https, options.registry_ca.as_deref()) {
-            (true, ca) => {
-                let tls = quiver_proto::tls::client_tls(ca)
-                    .map_err(|err| SyncError::InvalidOptions(format!("registry_ca: {err}")))?;
-                endpoint
-                    .tls_config(tls)
-                    .map_err(|err| SyncError::InvalidOptions(format!("registry tls: {err}")))?
-            }
-            (false, Some(_)) => {
-                return Err(SyncError::InvalidOptions(
-                    "registry_ca needs an https:// registry_url".to_owned(),
-                ));
-            }
-            (false, None) => endpoint,
-        };
         let credentials = Credentials::new(options.token.as_deref(), None).map_err(|_| {
             SyncError::InvalidOptions(
                 "token must be printable ascii without line breaks".to_owned(),
             )
         })?;
+        let replicas = options
+            .registry_urls
+            .iter()
+            .map(|url| {
+                Ok(Replica {
+                    url: url.clone(),
+                    endpoint: endpoint(url, options)?,
+                    reporting: OnceLock::new(),
+                    approvals: OnceLock::new(),
+                })
+            })
+            .collect::<Result<Vec<_>, SyncError>>()?;
         Ok(Connector {
-            endpoint,
+            replicas,
+            current: AtomicUsize::new(0),
             credentials,
             request_timeout: options.request_timeout,
         })
     }
 
-    /// A client on a fresh channel: after a failure the next attempt must
-    /// not inherit a connection in an unknown state.
-    pub(crate) fn client(&self) -> RegistryClient {
+    /// The URL of the replica being followed.
+    pub(crate) fn current_url(&self) -> &str {
+        &self.replica().url
+    }
+
+    /// How many replicas there are.
+    pub(crate) fn replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    fn replica(&self) -> &Replica {
+        &self.replicas[self.current.load(Ordering::Acquire) % self.replicas.len()]
+    }
+
+    /// Moves on to the next replica; returns its URL.
+    pub(crate) fn fail_over(&self) -> &str {
+        let next = (self.current.load(Ordering::Acquire) + 1) % self.replicas.len();
+        self.current.store(next, Ordering::Release);
+        &self.replicas[next].url
+    }
+
+    fn client_on(&self, endpoint: &Endpoint) -> RegistryClient {
         let client = self
             .credentials
             .clone()
-            .client(self.endpoint.connect_lazy())
+            .client(endpoint.connect_lazy())
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         RegistryClient {
             client,
             timeout: self.request_timeout,
         }
     }
+
+    /// A client of the replica being followed, on a fresh channel: after a
+    /// failure the next attempt must not inherit a connection in an unknown
+    /// state.
+    pub(crate) fn client(&self) -> RegistryClient {
+        self.client_on(&self.replica().endpoint)
+    }
+
+    /// The status reporter's client of the replica being followed (one
+    /// channel per replica, kept).
+    pub(crate) fn reporting_client(&self) -> RegistryClient {
+        let replica = self.replica();
+        replica
+            .reporting
+            .get_or_init(|| self.client_on(&replica.endpoint))
+            .clone()
+    }
+}
+
+impl Connector {
+    /// Runs one approvals call on the replica the sync follows, within the
+    /// request timeout.
+    pub(crate) async fn approval_call<T, F, Fut>(
+        &self,
+        call: &'static str,
+        request: F,
+    ) -> Result<T, SyncError>
+    where
+        F: FnOnce(quiver_proto::credentials::ApprovalClient) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let replica = self.replica();
+        let client = replica
+            .approvals
+            .get_or_init(|| {
+                self.credentials
+                    .clone()
+                    .approval_client(replica.endpoint.connect_lazy())
+            })
+            .clone();
+        match tokio::time::timeout(self.request_timeout, request(client)).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(SyncError::rpc(call, &status)),
+            Err(_) => Err(SyncError::Timeout {
+                call,
+                after: self.request_timeout,
+            }),
+        }
+    }
+}
+
+/// The channel settings of one replica.
+fn endpoint(url: &str, options: &SyncOptions) -> Result<Endpoint, SyncError> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|err| SyncError::InvalidOptions(format!("registry url {url:?}: {err}")))?
+        .connect_timeout(options.connect_timeout)
+        .tcp_nodelay(true)
+        // A half-open connection otherwise goes unnoticed until the
+        // idle timeout; pings find it sooner and also keep NATs open.
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    let https = endpoint.uri().scheme_str() == Some("https");
+    let endpoint = match (https, options.registry_ca.as_deref()) {
+        (true, ca) => {
+            let tls = quiver_proto::tls::client_tls(ca)
+                .map_err(|err| SyncError::InvalidOptions(format!("registry_ca: {err}")))?;
+            endpoint
+                .tls_config(tls)
+                .map_err(|err| SyncError::InvalidOptions(format!("registry tls: {err}")))?
+        }
+        (false, Some(_)) => {
+            return Err(SyncError::InvalidOptions(
+                "registry_ca needs https:// registry urls".to_owned(),
+            ));
+        }
+        (false, None) => endpoint,
+    };
+    Ok(endpoint)
 }
 
 /// The registry's records at one revision.

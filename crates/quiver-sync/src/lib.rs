@@ -24,7 +24,7 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let service = SyncService::new(SyncOptions {
-//!     registry_url: "http://registry:50051".into(),
+//!     registry_urls: vec!["http://registry:50051".into()],
 //!     token: Some("worker-token".into()),
 //!     worker_id: "worker-1".into(),
 //!     ..Default::default()
@@ -38,6 +38,7 @@
 //! # }
 //! ```
 
+mod approvals;
 mod client;
 mod error;
 mod follow;
@@ -46,6 +47,7 @@ mod report;
 mod service;
 mod snapshot;
 
+pub use approvals::{CallBinding, RegistryApprovals};
 pub use error::SyncError;
 pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;

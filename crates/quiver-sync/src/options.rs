@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::SyncError;
 
-/// Default of [`SyncOptions::registry_url`]: a registry on this host, on the
+/// Default of [`SyncOptions::registry_urls`]: a registry on this host, on the
 /// protocol's default port.
 pub fn default_registry_url() -> String {
     format!("http://127.0.0.1:{}", quiver_proto::DEFAULT_GRPC_PORT)
@@ -14,8 +14,10 @@ pub fn default_registry_url() -> String {
 /// Configuration of a [`crate::SyncService`].
 #[derive(Clone)]
 pub struct SyncOptions {
-    /// gRPC endpoint of the registry, e.g. `http://registry:50051`.
-    pub registry_url: String,
+    /// gRPC endpoints of the registry's replicas, e.g.
+    /// `http://registry:50051`: the sync follows one and moves to the next
+    /// when it fails (in order, round and round).
+    pub registry_urls: Vec<String>,
     /// Worker token sent as `authorization: Bearer …`.
     pub token: Option<String>,
     /// Identity reported to the registry with `ReportWorkerStatus`.
@@ -44,7 +46,7 @@ pub struct SyncOptions {
 impl Default for SyncOptions {
     fn default() -> Self {
         SyncOptions {
-            registry_url: default_registry_url(),
+            registry_urls: vec![default_registry_url()],
             token: None,
             worker_id: String::new(),
             poll_interval: (Duration::from_secs(30), Duration::from_secs(120)),
@@ -63,7 +65,7 @@ impl Default for SyncOptions {
 impl fmt::Debug for SyncOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SyncOptions")
-            .field("registry_url", &self.registry_url)
+            .field("registry_urls", &self.registry_urls)
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("worker_id", &self.worker_id)
             .field("poll_interval", &self.poll_interval)
@@ -82,6 +84,9 @@ impl SyncOptions {
     /// Rejects values that would make the loops spin, panic or never run.
     pub fn validate(&self) -> Result<(), SyncError> {
         let invalid = |message: &str| Err(SyncError::InvalidOptions(message.to_owned()));
+        if self.registry_urls.is_empty() {
+            return invalid("registry_urls must name at least one registry");
+        }
         if self.worker_id.trim().is_empty() || self.worker_id.len() > 256 {
             return invalid("worker_id must be 1 to 256 characters");
         }

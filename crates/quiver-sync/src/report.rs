@@ -8,7 +8,7 @@ use quiver_proto::v1 as pb;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
-use crate::client::RegistryClient;
+use crate::client::Connector;
 use crate::snapshot::Shared;
 
 /// Per-server health, supplied by whoever owns the MCP connections.
@@ -33,7 +33,8 @@ const SETTLE: Duration = Duration::from_millis(500);
 
 pub(crate) struct Reporter {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) client: RegistryClient,
+    /// Reports go to the replica the sync follows.
+    pub(crate) connector: Arc<Connector>,
     pub(crate) worker_id: String,
     pub(crate) interval: Duration,
     pub(crate) health: Option<Arc<dyn HealthSource>>,
@@ -81,7 +82,7 @@ impl Reporter {
                 .map(|health| health.server_health())
                 .unwrap_or_default(),
         };
-        match self.client.report(request).await {
+        match self.connector.reporting_client().report(request).await {
             Ok(response) => tracing::trace!(head = response.head_revision, "status reported"),
             // While degraded the sync loop already reports the outage.
             Err(err) if degraded => tracing::debug!(error = %err, "status report failed"),

@@ -19,7 +19,7 @@ use crate::{SyncError, SyncOptions};
 /// Follows the registry and publishes snapshots; see the crate docs.
 pub struct SyncService {
     options: SyncOptions,
-    connector: Connector,
+    connector: Arc<Connector>,
     shared: Arc<Shared>,
     health: Option<Arc<dyn HealthSource>>,
 }
@@ -29,7 +29,7 @@ impl SyncService {
     pub fn new(options: SyncOptions) -> Result<Self, SyncError> {
         options.validate()?;
         Ok(SyncService {
-            connector: Connector::new(&options)?,
+            connector: Arc::new(Connector::new(&options)?),
             options,
             shared: Shared::new(),
             health: None,
@@ -40,6 +40,13 @@ impl SyncService {
     pub fn with_health_source(mut self, source: Arc<dyn HealthSource>) -> Self {
         self.health = Some(source);
         self
+    }
+
+    /// The approvals client, on the replica the sync follows.
+    pub fn approvals(&self) -> crate::approvals::RegistryApprovals {
+        crate::approvals::RegistryApprovals {
+            connector: self.connector.clone(),
+        }
     }
 
     /// A handle to read snapshots; valid before, during and after `run`.
@@ -53,9 +60,10 @@ impl SyncService {
     /// cancelled. Handles keep serving the last snapshot afterwards.
     pub async fn run(self, shutdown: CancellationToken) {
         metrics::gauge!("quiver_worker_registry_degraded").set(0.0);
+        self.shared.set_registry(self.connector.current_url());
         let reporter = Reporter {
             shared: self.shared.clone(),
-            client: self.connector.client(),
+            connector: self.connector.clone(),
             worker_id: self.options.worker_id.clone(),
             interval: self.options.report_interval,
             health: self.health.clone(),
@@ -77,13 +85,34 @@ impl SyncService {
             .build()
     }
 
+    /// Follows a replica until it fails, then the next one (R-SYNC-8): a
+    /// replica that fails is left at once for the next; only when a whole
+    /// round has failed does the sync back off. The new replica's list
+    /// continues from the revision already applied, and its watch resumes
+    /// after it, so a failover neither skips nor repeats a revision.
     async fn sync_forever(&self) {
         let mut backoff = self.backoff();
+        // Consecutive failures without an established watch.
+        let mut failures = 0usize;
         loop {
             let mut established = false;
+            let from = self.connector.current_url().to_owned();
             let Err(err) = self.follow(&mut established).await;
             if established {
                 backoff = self.backoff();
+                failures = 0;
+            }
+            failures += 1;
+            self.shared.set_degraded(&err);
+            let replicas = self.connector.replicas();
+            if replicas > 1 {
+                let to = self.connector.fail_over().to_owned();
+                metrics::counter!("quiver_worker_registry_failovers_total").increment(1);
+                tracing::warn!(error = %err, from = %from, to = %to, revision = self.shared.current().revision, "registry replica failed; following the next one");
+                self.shared.set_registry(&to);
+                if !failures.is_multiple_of(replicas) {
+                    continue;
+                }
             }
             // backon's jitter adds up to one more delay on top; the cap holds
             // for the total.
@@ -97,7 +126,6 @@ impl SyncService {
                 revision = self.shared.current().revision,
                 "registry sync interrupted; serving the last snapshot"
             );
-            self.shared.set_degraded(&err);
             tokio::time::sleep(delay).await;
         }
     }

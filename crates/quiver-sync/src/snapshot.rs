@@ -82,6 +82,8 @@ pub(crate) struct Shared {
     ready: watch::Sender<bool>,
     degraded: AtomicBool,
     last_error: ArcSwapOption<String>,
+    /// The registry replica being followed.
+    registry: ArcSwapOption<String>,
     /// Wakes the status reporter: a new snapshot or a degraded flip.
     pub(crate) status_changed: Notify,
 }
@@ -94,6 +96,7 @@ impl Shared {
             ready: watch::Sender::new(false),
             degraded: AtomicBool::new(false),
             last_error: ArcSwapOption::empty(),
+            registry: ArcSwapOption::empty(),
             status_changed: Notify::new(),
         })
     }
@@ -135,6 +138,10 @@ impl Shared {
             metrics::gauge!("quiver_worker_registry_degraded").set(1.0);
             self.status_changed.notify_one();
         }
+    }
+
+    pub(crate) fn set_registry(&self, url: &str) {
+        self.registry.store(Some(Arc::new(url.to_owned())));
     }
 
     pub(crate) fn clear_degraded(&self) {
@@ -187,6 +194,14 @@ impl SnapshotHandle {
     /// current snapshot may be stale.
     pub fn is_degraded(&self) -> bool {
         self.shared.is_degraded()
+    }
+
+    /// The URL of the registry replica being followed (or tried next).
+    pub fn registry(&self) -> Option<String> {
+        self.shared
+            .registry
+            .load_full()
+            .map(|url| url.as_ref().clone())
     }
 
     /// The most recent refresh failure, kept after recovery so flapping

@@ -196,7 +196,7 @@ async fn setup(fake: Fake, tweak: impl FnOnce(&mut SyncOptions)) -> Setup {
         );
     tokio::spawn(server);
     let mut options = SyncOptions {
-        registry_url: format!("http://{addr}"),
+        registry_urls: vec![format!("http://{addr}")],
         worker_id: "w1".into(),
         poll_interval: (Duration::from_secs(600), Duration::from_secs(600)),
         backoff_min: Duration::from_millis(10),

@@ -120,7 +120,7 @@ impl Env {
 
     fn sync_options(&self, worker_id: &str) -> SyncOptions {
         SyncOptions {
-            registry_url: format!("http://{}", self.grpc_addr()),
+            registry_urls: vec![format!("http://{}", self.grpc_addr())],
             token: Some(WORKER.into()),
             worker_id: worker_id.into(),
             // Long enough never to fire unless a test asks for it.
@@ -567,7 +567,7 @@ fn options_that_cannot_work_are_refused() {
             ..valid.clone()
         },
         SyncOptions {
-            registry_url: "not a url".into(),
+            registry_urls: vec!["not a url".into()],
             ..valid.clone()
         },
         SyncOptions {
