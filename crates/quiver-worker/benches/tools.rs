@@ -73,6 +73,9 @@
 //! `QUIVER_BENCH_WARMUP` [200] untimed calls per route.
 
 use quiver_testkit::bench::{Samples, env_usize, ms};
+use quiver_testkit::bench_servers::{
+    EVERYTHING_PACKAGE, EVERYTHING_VERSION, everything_entry, node_binary, server_binary,
+};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -252,10 +255,6 @@ impl Echo {
     }
 }
 
-/// The pinned version of `@modelcontextprotocol/server-everything`.
-const EVERYTHING_VERSION: &str = "2026.8.31";
-const EVERYTHING_PACKAGE: &str = "@modelcontextprotocol/server-everything";
-
 /// The MCP server under test: how to start it and how to call it.
 struct Subject {
     /// For the summary line: name and versions.
@@ -311,104 +310,6 @@ impl Subject {
             }
         }
     }
-}
-
-/// The `quiver-testkit-mcp` binary of this build profile: benches run from
-/// `target/<profile>/deps/`, binaries live in `target/<profile>/`.
-fn server_binary() -> BenchResult<PathBuf> {
-    let binary = match std::env::var_os("QUIVER_BENCH_MCP_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(|deps| deps.parent())
-            .ok_or("cannot locate the target directory from the benchmark's path")?
-            .join("quiver-testkit-mcp"),
-    };
-    if !binary.is_file() {
-        return Err(format!(
-            "{} not found: build it first with `cargo build --release -p quiver-testkit` \
-             (or point QUIVER_BENCH_MCP_BIN at it)",
-            binary.display()
-        )
-        .into());
-    }
-    Ok(binary)
-}
-
-/// `QUIVER_BENCH_NODE`, else the first `node` in `PATH`, as an absolute path
-/// (the pool starts stdio children with a minimal environment).
-fn node_binary() -> BenchResult<PathBuf> {
-    if let Some(path) = std::env::var_os("QUIVER_BENCH_NODE") {
-        return Ok(PathBuf::from(path));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("node"))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| "node not found in PATH (or set QUIVER_BENCH_NODE)".into())
-}
-
-/// The version in a `package.json`, if the file is there.
-fn package_version(package_json: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(package_json).ok()?;
-    let manifest: Value = serde_json::from_str(&text).ok()?;
-    manifest["version"].as_str().map(str::to_owned)
-}
-
-/// The entry script of the pinned server-everything and the version of the
-/// MCP SDK it resolved to; installs the package with npm into
-/// `target/bench-npm` (or `QUIVER_BENCH_NPM_PREFIX`) when that version is
-/// not there yet.
-fn everything_entry() -> BenchResult<(PathBuf, String)> {
-    let prefix = match std::env::var_os("QUIVER_BENCH_NPM_PREFIX") {
-        Some(path) => PathBuf::from(path),
-        // target/<profile>/deps/<bench> → target/bench-npm
-        None => std::env::current_exe()?
-            .ancestors()
-            .nth(3)
-            .ok_or("cannot locate the target directory from the benchmark's path")?
-            .join("bench-npm"),
-    };
-    let package = prefix.join("node_modules").join(EVERYTHING_PACKAGE);
-    let installed = || package_version(&package.join("package.json"));
-    if installed().as_deref() != Some(EVERYTHING_VERSION) {
-        eprintln!(
-            "installing {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} into {}",
-            prefix.display()
-        );
-        std::fs::create_dir_all(&prefix)?;
-        let status = std::process::Command::new("npm")
-            .arg("install")
-            .arg("--prefix")
-            .arg(&prefix)
-            .args(["--no-audit", "--no-fund", "--save-exact"])
-            .arg(format!("{EVERYTHING_PACKAGE}@{EVERYTHING_VERSION}"))
-            .stdin(Stdio::null())
-            .stdout(std::io::stderr())
-            .status()?;
-        if !status.success() {
-            return Err(format!("npm install failed: {status}").into());
-        }
-        if installed().as_deref() != Some(EVERYTHING_VERSION) {
-            return Err(format!(
-                "{} does not hold {EVERYTHING_PACKAGE}@{EVERYTHING_VERSION} after npm install",
-                prefix.display()
-            )
-            .into());
-        }
-    }
-    let entry = package.join("dist").join("index.js");
-    if !entry.is_file() {
-        return Err(format!("{} not found", entry.display()).into());
-    }
-    // The SDK is nested in the package or hoisted next to it.
-    let sdk = [package.as_path(), &prefix]
-        .iter()
-        .find_map(|base| {
-            package_version(&base.join("node_modules/@modelcontextprotocol/sdk/package.json"))
-        })
-        .unwrap_or_else(|| "unknown".into());
-    Ok((entry, sdk))
 }
 
 // ---------------------------------------------------------------- statistics
@@ -887,6 +788,7 @@ impl Route {
                 let request = ToolCall {
                     name: name.clone(),
                     arguments: Some(Value::Object(echo.arguments())),
+                    approval_id: None,
                 };
                 let done = runner
                     .call(&snapshot.current(), task, &CallContext::default(), &request)

@@ -5,9 +5,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::{CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool};
+use quiver_mcp::leases::SessionKey;
+use quiver_mcp::{
+    CallOptions, CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool,
+};
+use quiver_model::approval::UseOutcome;
 use quiver_model::policy::CompiledSessionFilter;
-use quiver_sync::Snapshot;
+use quiver_sync::{CallBinding, RegistryApprovals, Snapshot};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -26,6 +30,10 @@ pub struct ToolCall {
     /// Tool arguments: a JSON object; absent or null means `{}`.
     #[serde(default)]
     pub arguments: Option<Value>,
+    /// An approval of exactly this call, for a tool that needs one
+    /// (docs/reference.md §13.7).
+    #[serde(default)]
+    pub approval_id: Option<String>,
 }
 
 /// Why a call did not run or did not finish (docs/reference.md §10).
@@ -34,9 +42,21 @@ pub enum CallError {
     /// The name does not resolve to a tool injected for this caller.
     #[error("{0}")]
     PolicyDenied(String),
-    /// The tool needs an approval first.
+    /// The tool needs an approval first; `approval_id` names the one
+    /// requested for this call, when the tool API asked for it.
+    #[error("{message}")]
+    ApprovalRequired {
+        /// What to do.
+        message: String,
+        /// The approval to ask an approver for, then to repeat the call with.
+        approval_id: Option<String>,
+    },
+    /// The approval given was denied.
     #[error("{0}")]
-    ApprovalRequired(String),
+    ApprovalDenied(String),
+    /// The approval given cannot be used for this call.
+    #[error("{0}")]
+    ApprovalInvalid(String),
     /// The arguments are not a JSON object.
     #[error("{0}")]
     InvalidArguments(String),
@@ -55,7 +75,9 @@ impl CallError {
     pub fn code(&self) -> ErrorCode {
         match self {
             CallError::PolicyDenied(_) => ErrorCode::McpPolicyDenied,
-            CallError::ApprovalRequired(_) => ErrorCode::McpApprovalRequired,
+            CallError::ApprovalRequired { .. } => ErrorCode::McpApprovalRequired,
+            CallError::ApprovalDenied(_) => ErrorCode::McpApprovalDenied,
+            CallError::ApprovalInvalid(_) => ErrorCode::McpApprovalInvalid,
             CallError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
             CallError::Mcp(err) => err.code(),
         }
@@ -74,7 +96,14 @@ impl CallError {
 
 impl From<&CallError> for ErrorObject {
     fn from(err: &CallError) -> Self {
-        ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable())
+        let object = ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable());
+        match err {
+            CallError::ApprovalRequired {
+                approval_id: Some(id),
+                ..
+            } => object.with("approval_id", Value::String(id.clone())),
+            _ => object,
+        }
     }
 }
 
@@ -144,6 +173,24 @@ fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
     }
 }
 
+/// What an approval of a call is bound to.
+fn binding<'a>(task: &'a Task, tool: &'a CatalogTool, arguments: &'a Value) -> CallBinding<'a> {
+    CallBinding {
+        task: &task.name,
+        server_id: tool.server_id(),
+        tool: tool.tool_name(),
+        arguments,
+        record_revision: tool.server.revision,
+    }
+}
+
+/// A registry that cannot answer about approvals.
+fn unreachable(err: quiver_sync::SyncError) -> CallError {
+    CallError::Mcp(McpError::Unavailable(format!(
+        "approvals cannot be checked with the registry: {err}"
+    )))
+}
+
 /// Who a call is made for, for the audit log.
 #[derive(Debug, Clone, Default)]
 pub struct CallContext {
@@ -151,6 +198,20 @@ pub struct CallContext {
     pub request_id: String,
     /// The caller's session, when it named one.
     pub session_id: Option<String>,
+    /// The caller's `_meta` and, for an MCP client, where the server's
+    /// traffic about the call goes (see `quiver_mcp::relay`).
+    pub relay: CallOptions,
+}
+
+impl CallContext {
+    /// The caller's session as per-session connections are keyed: sessions
+    /// of the same id under different tasks are different sessions.
+    pub fn session_key(&self, task: &Task) -> Option<SessionKey> {
+        self.session_id.as_ref().map(|id| SessionKey {
+            task: task.name.clone(),
+            session_id: id.clone(),
+        })
+    }
 }
 
 /// Runs tools for callers: schema check, pool call, metrics and audit. One
@@ -162,6 +223,8 @@ pub struct ToolRunner {
     catalog_wait: Duration,
     schemas: Arc<SchemaCache>,
     audit: Arc<AuditOptions>,
+    /// The registry's approvals, for tool API calls of tools that need one.
+    approvals: Option<RegistryApprovals>,
 }
 
 impl ToolRunner {
@@ -174,7 +237,14 @@ impl ToolRunner {
             catalog_wait,
             schemas: Arc::default(),
             audit: Arc::new(audit),
+            approvals: None,
         }
+    }
+
+    /// Asks `approvals` for the approvals of tool API calls.
+    pub fn with_approvals(mut self, approvals: RegistryApprovals) -> Self {
+        self.approvals = Some(approvals);
+        self
     }
 
     /// The MCP pool.
@@ -227,8 +297,103 @@ impl ToolRunner {
     ) -> Result<CallDone, CallError> {
         let started = Instant::now();
         let tool = self.resolve(snapshot, task, &request.name).await?;
+        if tool.needs_approval() {
+            self.approve(task, &tool, request).await?;
+            return self
+                .execute(task, context, &tool, request.arguments.clone(), started)
+                .await;
+        }
         self.run(task, context, &tool, request.arguments.clone(), started)
             .await
+    }
+
+    /// An approval of exactly this call (§13.7): without `approval_id` one
+    /// is requested from the registry and the call refused with its id;
+    /// with it, the approval is used (once, across every worker) or the
+    /// call refused saying why.
+    async fn approve(
+        &self,
+        task: &Task,
+        tool: &CatalogTool,
+        request: &ToolCall,
+    ) -> Result<(), CallError> {
+        match &request.approval_id {
+            Some(id) => {
+                self.use_approval(task, tool, request.arguments.clone(), id)
+                    .await
+            }
+            None => Err(self
+                .request_approval(task, tool, request.arguments.clone())
+                .await?),
+        }
+    }
+
+    /// The registry's approvals, or the refusal saying this worker has none.
+    fn approvals(&self, tool: &CatalogTool) -> Result<&RegistryApprovals, CallError> {
+        self.approvals
+            .as_ref()
+            .ok_or_else(|| CallError::ApprovalRequired {
+                message: format!(
+                    "{}.{} requires an approval, and this worker has no registry to ask",
+                    tool.server_id(),
+                    tool.tool_name()
+                ),
+                approval_id: None,
+            })
+    }
+
+    /// Requests an approval of this call; returns the refusal that carries
+    /// its id (or why none could be requested).
+    pub async fn request_approval(
+        &self,
+        task: &Task,
+        tool: &CatalogTool,
+        arguments: Option<Value>,
+    ) -> Result<CallError, CallError> {
+        let approvals = self.approvals(tool)?;
+        let arguments = Value::Object(arguments_object(arguments)?);
+        let id = approvals
+            .request(&binding(task, tool, &arguments))
+            .await
+            .map_err(unreachable)?;
+        Ok(CallError::ApprovalRequired {
+            message: format!(
+                "{}.{} requires an approval: approval {id} is waiting for an approver; repeat the call with its id once it is approved",
+                tool.server_id(),
+                tool.tool_name()
+            ),
+            approval_id: Some(id),
+        })
+    }
+
+    /// Uses approval `id` for this call: `Ok` means it may run, once.
+    pub async fn use_approval(
+        &self,
+        task: &Task,
+        tool: &CatalogTool,
+        arguments: Option<Value>,
+        id: &str,
+    ) -> Result<(), CallError> {
+        let approvals = self.approvals(tool)?;
+        let arguments = Value::Object(arguments_object(arguments)?);
+        match approvals
+            .use_for(id, &binding(task, tool, &arguments))
+            .await
+            .map_err(unreachable)?
+        {
+            UseOutcome::Used => Ok(()),
+            UseOutcome::Denied => Err(CallError::ApprovalDenied(format!(
+                "approval {id} was denied by an approver"
+            ))),
+            UseOutcome::Mismatch(field) => Err(CallError::ApprovalInvalid(format!(
+                "approval {id} was given for another call (its {} differs)",
+                field.as_str()
+            ))),
+            other => Err(CallError::ApprovalInvalid(format!(
+                "approval {id} cannot be used: {}",
+                other.as_str().replace('_', " ")
+            ))),
+        }
     }
 
     /// The tool `name` refers to among those `task` may use.
@@ -266,12 +431,27 @@ impl ToolRunner {
         started: Instant,
     ) -> Result<CallDone, CallError> {
         if tool.needs_approval() {
-            return Err(CallError::ApprovalRequired(format!(
-                "{}.{} requires an approval before it runs",
-                tool.server_id(),
-                tool.tool_name()
-            )));
+            return Err(CallError::ApprovalRequired {
+                message: format!(
+                    "{}.{} requires an approval before it runs (through the tool API, POST /v1/mcp/tools/call)",
+                    tool.server_id(),
+                    tool.tool_name()
+                ),
+                approval_id: None,
+            });
         }
+        self.execute(task, context, tool, arguments, started).await
+    }
+
+    /// Runs a tool whose approval, if it needs one, is settled.
+    pub async fn execute(
+        &self,
+        task: &Task,
+        context: &CallContext,
+        tool: &CatalogTool,
+        arguments: Option<Value>,
+        started: Instant,
+    ) -> Result<CallDone, CallError> {
         let arguments = arguments_object(arguments)?;
         self.schemas
             .check(&tool.tool.input_schema, &arguments)
@@ -279,7 +459,16 @@ impl ToolRunner {
         let logged_arguments = self.audit.arguments(&arguments);
         let result = self
             .pool
-            .call_tool_since(&tool.server, tool.tool_name(), Some(arguments), started)
+            .call_tool_with(
+                &tool.server,
+                tool.tool_name(),
+                Some(arguments),
+                started,
+                CallOptions {
+                    session: context.session_key(task),
+                    ..context.relay.clone()
+                },
+            )
             .await;
         let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
         let status = match &result {

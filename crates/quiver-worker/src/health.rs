@@ -35,6 +35,7 @@ impl HealthSource for PoolHealth {
                 reconnect_count: health.reconnects,
                 tool_count: health.tool_count.and_then(|n| u32::try_from(n).ok()),
                 p50_latency_ms: health.p50_latency_ms,
+                session_connections: u32::try_from(health.sessions).unwrap_or(u32::MAX),
             })
             .collect()
     }

@@ -8,6 +8,7 @@ pub mod call;
 pub mod catalog;
 pub mod chat;
 pub mod error;
+pub mod gateway;
 pub mod health;
 pub mod http;
 pub mod schema;

@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditOptions;
 use crate::auth::{Callers, CallersConfig, CallersError};
 use crate::call::ToolRunner;
+use crate::gateway::rebinding::RebindingGuard;
+use crate::gateway::{Gateway, GatewayOptions};
 use crate::health::PoolHealth;
 use crate::http::{ApiState, router};
 
@@ -49,6 +51,8 @@ pub struct WorkerOptions {
     pub tls: Option<quiver_proto::tls::ServerTls>,
     /// Timeouts and the connection cap of the HTTP listener.
     pub listener: ListenerOptions,
+    /// The MCP endpoints (gateway mode).
+    pub gateway: GatewayOptions,
 }
 
 /// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
@@ -78,6 +82,7 @@ impl Default for WorkerOptions {
             catalog_wait: DEFAULT_CATALOG_WAIT,
             tls: None,
             listener: ListenerOptions::default(),
+            gateway: GatewayOptions::default(),
         }
     }
 }
@@ -137,11 +142,26 @@ impl Worker {
         let sync = SyncService::new(options.sync.clone())?
             .with_health_source(Arc::new(PoolHealth(pool.clone())));
         let upstream = options.upstream.clone().map(Upstream::new).transpose()?;
+        let runner = ToolRunner::new(pool, options.audit.clone(), options.catalog_wait)
+            .with_approvals(sync.approvals());
+        let gateway = Gateway::new(
+            runner.clone(),
+            sync.handle(),
+            options.gateway.clone(),
+            &shutdown,
+        );
+        let rebinding = Arc::new(RebindingGuard::new(
+            addr.ip().is_loopback(),
+            options.gateway.allowed_hosts.clone(),
+            options.gateway.allowed_origins.clone(),
+        ));
         let state = ApiState {
             snapshot: sync.handle(),
-            runner: ToolRunner::new(pool, options.audit.clone(), options.catalog_wait),
+            runner,
             callers,
             upstream,
+            gateway,
+            rebinding,
             metrics: options.metrics.clone(),
         };
         Ok(Worker {
@@ -190,6 +210,9 @@ impl Worker {
             options.warm_up.clone(),
             shutdown.clone(),
         ));
+        let gateway = state.gateway.clone();
+        let notifying = shutdown.clone();
+        tokio::spawn(async move { gateway.follow_changes(notifying).await });
         let pool = state.runner.pool().clone();
         let app = router(state);
         let served = Listener::new("worker_http", listener, &connections)

@@ -22,6 +22,8 @@ use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerToken, Callers, CallersConfig};
 use quiver_worker::call::ToolRunner;
+use quiver_worker::gateway::rebinding::RebindingGuard;
+use quiver_worker::gateway::{Gateway, GatewayOptions};
 use quiver_worker::http::{ApiState, MAX_REQUEST_BODY_BYTES, router};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -67,7 +69,7 @@ impl Edge {
 
         let shutdown = CancellationToken::new();
         let sync = SyncService::new(SyncOptions {
-            registry_url: registry.grpc.clone(),
+            registry_urls: vec![registry.grpc.clone()],
             token: Some(WORKER_TOKEN.into()),
             worker_id: "router-test".into(),
             ..Default::default()
@@ -101,15 +103,24 @@ impl Edge {
         };
         let callers = Callers::new(&callers, "127.0.0.1:0".parse().unwrap()).expect("callers");
         let pool = McpPool::new(PoolOptions::default());
+        let runner = ToolRunner::new(
+            pool.clone(),
+            AuditOptions::default(),
+            quiver_worker::DEFAULT_CATALOG_WAIT,
+        );
+        let gateway = Gateway::new(
+            runner.clone(),
+            snapshot.clone(),
+            GatewayOptions::default(),
+            &shutdown,
+        );
         let state = ApiState {
             snapshot,
-            runner: ToolRunner::new(
-                pool.clone(),
-                AuditOptions::default(),
-                quiver_worker::DEFAULT_CATALOG_WAIT,
-            ),
+            runner,
             callers: Arc::new(callers),
             upstream: None,
+            gateway,
+            rebinding: Arc::new(RebindingGuard::new(true, vec![], vec![])),
             metrics: None,
         };
         Edge {

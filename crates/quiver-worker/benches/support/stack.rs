@@ -63,7 +63,7 @@ impl Stack {
             WorkerOptions {
                 http_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 sync: SyncOptions {
-                    registry_url: registry.grpc.clone(),
+                    registry_urls: vec![registry.grpc.clone()],
                     token: Some(WORKER_TOKEN.into()),
                     worker_id: "bench".into(),
                     ..SyncOptions::default()

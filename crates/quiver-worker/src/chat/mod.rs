@@ -216,6 +216,8 @@ impl OwnedLoop {
             catalog: &self.catalog,
             caller_tools: &self.request.caller_tools,
             budgets: self.mcp.budgets,
+            approvals: &self.mcp.approvals,
+            used_approvals: Default::default(),
         }
     }
 

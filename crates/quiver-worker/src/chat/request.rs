@@ -62,6 +62,8 @@ struct McpExtension {
     max_iterations: Option<u32>,
     max_total_tool_calls: Option<u32>,
     max_tool_output_bytes: Option<u64>,
+    /// Approvals (ids) the caller got for calls of an earlier attempt.
+    approvals: Vec<String>,
 }
 
 /// MCP settings of a request that enabled it.
@@ -71,6 +73,8 @@ pub struct McpRequest {
     pub session: CompiledSessionFilter,
     /// Task budgets, lowered where the request asked.
     pub budgets: SessionBudgets,
+    /// `mcp.approvals`: approvals for the calls of this conversation.
+    pub approvals: Vec<String>,
 }
 
 /// A parsed chat request.
@@ -280,7 +284,21 @@ fn mcp_request(extension: Value, task: &Task) -> Result<Option<McpRequest>, Requ
                 RequestError::invalid(format!("mcp.{}", err.field()), err.to_string())
             }
         })?;
-    Ok(Some(McpRequest { session, budgets }))
+    if let Some(i) = extension
+        .approvals
+        .iter()
+        .position(|id| id.is_empty() || id.len() > 64)
+    {
+        return Err(RequestError::invalid(
+            format!("mcp.approvals[{i}]"),
+            "an approval id (1 to 64 characters)",
+        ));
+    }
+    Ok(Some(McpRequest {
+        session,
+        budgets,
+        approvals: extension.approvals,
+    }))
 }
 
 #[cfg(test)]

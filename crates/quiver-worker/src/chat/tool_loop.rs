@@ -66,6 +66,9 @@ pub enum StopReason {
     MaxTotalToolCalls,
     /// `max_tool_output_bytes` of tool output were handed over.
     MaxToolOutputBytes,
+    /// A call needs an approval: the pending ones are in `approvals`; send
+    /// the conversation again with `mcp.approvals` once they are approved.
+    ApprovalRequired,
 }
 
 impl StopReason {
@@ -74,7 +77,7 @@ impl StopReason {
             StopReason::MaxIterations => "max_iterations",
             StopReason::MaxTotalToolCalls => "max_total_tool_calls",
             StopReason::MaxToolOutputBytes => "max_tool_output_bytes",
-            StopReason::Completed | StopReason::CallerTools => "",
+            StopReason::Completed | StopReason::CallerTools | StopReason::ApprovalRequired => "",
         }
     }
 }
@@ -110,6 +113,10 @@ pub struct LoopReport {
     /// Selected servers whose tools could not be offered, with why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<Value>,
+    /// With `approval_required`: the approvals requested, `{approval_id,
+    /// name, arguments}`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<Value>,
     /// Token usage summed over the upstream requests.
     #[serde(skip)]
     pub usage: Option<Value>,
@@ -129,6 +136,10 @@ pub struct ToolLoop<'a> {
     pub caller_tools: &'a HashSet<String>,
     /// Session budgets.
     pub budgets: SessionBudgets,
+    /// `mcp.approvals` of the request.
+    pub approvals: &'a [String],
+    /// Those already used by a call of this loop.
+    pub used_approvals: std::sync::Mutex<HashSet<String>>,
 }
 
 impl ToolLoop<'_> {
@@ -149,6 +160,7 @@ impl ToolLoop<'_> {
                 .iter()
                 .map(|u| json!({"server_id": u.server_id, "error": u.error.to_string()}))
                 .collect(),
+            approvals: Vec::new(),
             usage: None,
         };
         let mut rounds = 0u32;
@@ -187,6 +199,24 @@ impl ToolLoop<'_> {
                     turn.finish_reason = Value::String("stop".into());
                 }
                 report.stop_reason = exhausted.unwrap_or(StopReason::CallerTools);
+                return Ok((turn, report));
+            }
+
+            // Calls that need an approval stop the loop before anything of
+            // the turn runs, unless the caller brought approvals.
+            let pending = self.request_approvals(&mcp_calls).await;
+            if !pending.is_empty() {
+                for call in &mcp_calls {
+                    report
+                        .calls
+                        .push(self.record(call, "approval_required", 0.0, iteration));
+                }
+                turn.retain_tool_calls(|name| self.caller_tools.contains(name));
+                if turn.finish_reason == "tool_calls" {
+                    turn.finish_reason = Value::String("stop".into());
+                }
+                report.approvals = pending;
+                report.stop_reason = StopReason::ApprovalRequired;
                 return Ok((turn, report));
             }
 
@@ -267,6 +297,86 @@ impl ToolLoop<'_> {
         }
     }
 
+    /// Without `mcp.approvals`, requests an approval for each call that needs
+    /// one; returns those requested (`{approval_id, name, arguments}`). A
+    /// call whose approval cannot be requested is left to its run, which
+    /// refuses it with the reason.
+    async fn request_approvals(&self, calls: &[ModelToolCall]) -> Vec<Value> {
+        if !self.approvals.is_empty() {
+            return Vec::new();
+        }
+        let mut pending = Vec::new();
+        for call in calls {
+            let Some(tool) = self.catalog.resolve(&call.name) else {
+                continue;
+            };
+            if !tool.needs_approval() {
+                continue;
+            }
+            if let Ok(CallError::ApprovalRequired {
+                approval_id: Some(id),
+                ..
+            }) = self
+                .runner
+                .request_approval(self.task, tool, Some(call.arguments.clone()))
+                .await
+            {
+                pending.push(
+                    json!({"approval_id": id, "name": call.name, "arguments": call.arguments}),
+                );
+            }
+        }
+        pending
+    }
+
+    /// Runs a call that needs an approval with the first of `mcp.approvals`
+    /// that is approved for exactly it (each used once).
+    async fn run_approved(
+        &self,
+        tool: &crate::catalog::CatalogTool,
+        call: &ModelToolCall,
+        started: Instant,
+    ) -> Result<crate::call::CallDone, CallError> {
+        let mut last =
+            CallError::ApprovalInvalid("none of mcp.approvals is approved for this call".into());
+        for id in self.approvals {
+            if self
+                .used_approvals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(id)
+            {
+                continue;
+            }
+            match self
+                .runner
+                .use_approval(self.task, tool, Some(call.arguments.clone()), id)
+                .await
+            {
+                Ok(()) => {
+                    self.used_approvals
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.clone());
+                    return self
+                        .runner
+                        .execute(
+                            self.task,
+                            self.context,
+                            tool,
+                            Some(call.arguments.clone()),
+                            started,
+                        )
+                        .await;
+                }
+                // Approved for another call of the conversation: try the next.
+                Err(err @ CallError::ApprovalInvalid(_)) => last = err,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(last)
+    }
+
     /// Runs the first `allowed` calls concurrently; the rest are over
     /// budget. Durations are from the turn's answer to each result.
     async fn run_calls(&self, calls: &[ModelToolCall], allowed: u32) -> Vec<(Answer, f64)> {
@@ -278,16 +388,19 @@ impl ToolLoop<'_> {
             let Some(tool) = self.catalog.resolve(&call.name) else {
                 return (Answer::Failed(CallError::not_available(&call.name)), 0.0);
             };
-            let result = self
-                .runner
-                .run(
-                    self.task,
-                    self.context,
-                    tool,
-                    Some(call.arguments.clone()),
-                    started,
-                )
-                .await;
+            let result = if tool.needs_approval() && !self.approvals.is_empty() {
+                self.run_approved(tool, call, started).await
+            } else {
+                self.runner
+                    .run(
+                        self.task,
+                        self.context,
+                        tool,
+                        Some(call.arguments.clone()),
+                        started,
+                    )
+                    .await
+            };
             let elapsed = started.elapsed().as_secs_f64() * 1000.0;
             match result {
                 Ok(done) => (Answer::Done(Box::new(done)), elapsed),

@@ -29,6 +29,7 @@ pub async fn completions(
     let context = CallContext {
         request_id,
         session_id,
+        ..Default::default()
     };
     let chat = Chat {
         snapshot: state.snapshot,

@@ -54,7 +54,8 @@ impl FromRequestParts<ApiState> for Caller {
 pub struct RequestId(pub String);
 
 impl RequestId {
-    fn of(headers: &HeaderMap) -> String {
+    /// The id of a request with `headers`.
+    pub fn of(headers: &HeaderMap) -> String {
         headers
             .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())

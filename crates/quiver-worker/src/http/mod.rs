@@ -6,6 +6,8 @@
 //!   tool API, docs/reference.md §15);
 //! - [`chat`]: `POST /v1/chat/completions` (§9);
 //! - [`servers`]: `GET /v1/mcp/servers` (per-server health);
+//! - [`mcp`]: `/mcp`, `/mcp/{server_id}` (gateway mode, §13.4);
+//! - [`sessions`]: `DELETE /v1/sessions/{session_id}` (per-session connections, §13.1);
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //!
 //! Every refusal, the framework's included (unknown route, wrong method,
@@ -27,9 +29,11 @@ pub mod error;
 pub mod extract;
 mod fallback;
 mod limits;
+pub mod mcp;
 pub mod ops;
 mod router;
 pub mod servers;
+pub mod sessions;
 mod state;
 pub mod tools;
 

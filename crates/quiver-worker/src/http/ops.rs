@@ -23,6 +23,7 @@ pub async fn readyz(State(state): State<ApiState>) -> Response {
         "ready": state.snapshot.is_ready(),
         "revision": snapshot.revision,
         "degraded": state.snapshot.is_degraded(),
+        "registry": state.snapshot.registry(),
         "last_error": state.snapshot.last_error(),
     });
     let status = if state.snapshot.is_ready() {

@@ -2,11 +2,11 @@
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{any, delete, get, post};
 
 use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
-use crate::http::{chat, fallback, ops, servers, tools};
+use crate::http::{chat, fallback, mcp, ops, servers, sessions, tools};
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {
@@ -14,7 +14,15 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/mcp/tools", get(tools::list))
         .route("/v1/mcp/tools/call", post(tools::call))
         .route("/v1/mcp/servers", get(servers::list))
+        .route("/v1/sessions/{session_id}", delete(sessions::end))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/mcp", any(mcp::catalog))
+        .route("/mcp/{server_id}", any(mcp::server))
+        .route(mcp::RESOURCE_METADATA_PATH, get(mcp::resource_metadata))
+        .route(
+            &format!("{}/mcp", mcp::RESOURCE_METADATA_PATH),
+            get(mcp::resource_metadata),
+        )
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -30,6 +30,7 @@ pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Respon
                 "reconnects": health.map_or(0, |h| h.reconnects),
                 "tool_count": health.and_then(|h| h.tool_count),
                 "pid": health.and_then(|h| h.pid),
+                "sessions": health.map_or(0, |h| h.sessions),
                 "stderr_tail": health.map_or_else(Vec::new, |h| {
                     h.stderr_tail.iter().map(|line| server.spec.redact(line)).collect()
                 }),

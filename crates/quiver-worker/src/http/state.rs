@@ -8,6 +8,8 @@ use quiver_upstream::Upstream;
 
 use crate::auth::Callers;
 use crate::call::ToolRunner;
+use crate::gateway::Gateway;
+use crate::gateway::rebinding::RebindingGuard;
 
 /// The state of the worker's HTTP edge.
 #[derive(Clone)]
@@ -20,6 +22,10 @@ pub struct ApiState {
     pub callers: Arc<Callers>,
     /// The chat upstream, when configured.
     pub upstream: Option<Upstream>,
+    /// The MCP endpoints' server.
+    pub gateway: Gateway,
+    /// `Host`/`Origin` checks of the MCP endpoints.
+    pub rebinding: Arc<RebindingGuard>,
     /// Prometheus recorder, when installed.
     pub metrics: Option<PrometheusHandle>,
 }

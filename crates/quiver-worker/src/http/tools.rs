@@ -81,6 +81,7 @@ pub async fn call(
     let context = CallContext {
         request_id,
         session_id,
+        ..Default::default()
     };
     let done = state
         .runner

@@ -1,0 +1,421 @@
+//! Gateway mode (docs/reference.md §13.4): the worker as an MCP server over
+//! streamable HTTP, at `/mcp` (the caller's whole catalog) and
+//! `/mcp/{server_id}` (one server as itself).
+//!
+//! rmcp's `StreamableHttpService` speaks the transport; this module gives it
+//! a server per session ([`server::GatewayServer`], which calls tools on the
+//! tool API's path), makes sessions portable across workers
+//! ([`session_id`], [`store`]), tells open sessions what changed
+//! ([`sessions`]) and relays what a server sends about a call to the client
+//! that made it ([`peer`]). The HTTP edge (`crate::http::mcp`) checks
+//! `Host`/`Origin` ([`rebinding`]) and the caller's token before a request
+//! gets here.
+
+pub mod peer;
+pub mod rebinding;
+pub mod scope;
+pub mod server;
+pub mod session_id;
+pub mod sessions;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Request, StatusCode};
+use quiver_mcp::ErrorCode;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::call::ToolRunner;
+use crate::error::ErrorObject;
+use crate::gateway::server::{GatewayRequest, GatewayServer, Shared};
+use crate::gateway::session_id::{Binding, SessionSigner};
+use crate::gateway::store::GatewaySessionStore;
+
+/// The MCP session header (streamable HTTP transport).
+pub const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The protocol's method names (labels of `mcp_gateway_requests_total`).
+const MCP_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+];
+
+/// How the gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// `Host` values the MCP endpoints accept (`host` or `host:port`); empty:
+    /// loopback names on a loopback listener, any otherwise.
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values accepted (`scheme://host[:port]`); empty: loopback
+    /// origins on a loopback listener, same origin otherwise.
+    pub allowed_origins: Vec<String>,
+    /// The fleet's secret for signing session ids; `None`: a random one
+    /// (sessions then only resume on the worker that opened them).
+    pub session_secret: Option<Vec<u8>>,
+    /// Sessions open at once on this worker; `initialize` beyond is refused
+    /// (503 `mcp_unavailable`).
+    pub max_sessions: usize,
+    /// A session unused this long is dropped from memory (its signed id
+    /// still resumes it).
+    pub session_idle: Duration,
+    /// Largest request body.
+    pub max_request_bytes: usize,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            session_secret: None,
+            max_sessions: 10_000,
+            session_idle: Duration::from_secs(600),
+            max_request_bytes: crate::http::MAX_REQUEST_BODY_BYTES,
+        }
+    }
+}
+
+/// The gateway of one worker; cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    service: StreamableHttpService<GatewayServer, LocalSessionManager>,
+    shared: Arc<Shared>,
+    signer: SessionSigner,
+    store: Arc<GatewaySessionStore>,
+    options: GatewayOptions,
+}
+
+/// Who a request is for and where it goes, as the HTTP edge found it.
+pub struct Routed {
+    /// The caller's task etc.
+    pub request: GatewayRequest,
+    /// Digest of the caller's credential (session binding).
+    pub caller_key: String,
+}
+
+/// The part of a JSON-RPC message the gateway looks at, read in one pass
+/// without building the message (rmcp parses it after).
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a str>,
+    #[serde(borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    result: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    params: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(Deserialize)]
+struct InitializeParams {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: Option<String>,
+}
+
+/// What the gateway takes from a POST body.
+struct Posted {
+    method: String,
+    /// The protocol version an `initialize` asks for.
+    protocol_version: Option<String>,
+}
+
+/// A JSON-RPC error response with HTTP status `status` (the transport's
+/// answers outside any session, e.g. an unknown session: 404).
+fn jsonrpc_error(status: StatusCode, code: i32, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": code, "message": message},
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+/// What a POST body says, or the JSON-RPC error the transport spec
+/// prescribes for it: -32700 for a body that is not JSON, -32600 for JSON
+/// that is not one JSON-RPC 2.0 message (batches were removed in 2025-06-18).
+#[expect(clippy::result_large_err, reason = "the error is the response itself")]
+fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
+    let invalid = |detail: &str| {
+        jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32600,
+            &format!("Invalid Request: {detail}"),
+        )
+    };
+    let envelope: Envelope<'_> = match serde_json::from_slice(body) {
+        Ok(envelope) => envelope,
+        // Valid JSON of another shape (an array, a number, fields of the
+        // wrong type) is an invalid request; anything else a parse error.
+        Err(err) if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() => {
+            return Err(invalid(&err.to_string()));
+        }
+        Err(err) => {
+            return Err(jsonrpc_error(
+                StatusCode::BAD_REQUEST,
+                -32700,
+                &format!("Parse error: {err}"),
+            ));
+        }
+    };
+    if envelope.jsonrpc != Some("2.0")
+        || (envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none())
+    {
+        return Err(invalid("the body must be one JSON-RPC 2.0 message"));
+    }
+    let method = envelope.method.map(|m| m.into_owned()).unwrap_or_default();
+    let protocol_version = (method == "initialize")
+        .then_some(envelope.params)
+        .flatten()
+        .and_then(|params| serde_json::from_str::<InitializeParams>(params.get()).ok())
+        .and_then(|params| params.protocol_version);
+    Ok(Posted {
+        method,
+        protocol_version,
+    })
+}
+
+impl Gateway {
+    /// The gateway over `runner`'s pool and the worker's snapshot; its
+    /// sessions end when `shutdown` is cancelled.
+    pub fn new(
+        runner: ToolRunner,
+        snapshot: quiver_sync::SnapshotHandle,
+        options: GatewayOptions,
+        shutdown: &CancellationToken,
+    ) -> Gateway {
+        let shared = Arc::new(Shared {
+            runner,
+            snapshot,
+            sessions: Arc::default(),
+        });
+        let store = Arc::new(GatewaySessionStore::default());
+        let mut manager = LocalSessionManager::default();
+        manager.session_config.keep_alive = Some(options.session_idle);
+        // Host and Origin are checked at the edge (`rebinding`), before the
+        // caller's token, so a rebinding attempt is refused whatever it sends.
+        let mut config = StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_cancellation_token(shutdown.child_token())
+            .with_max_request_body_bytes(options.max_request_bytes);
+        config.session_store = Some(store.clone());
+        let factory_shared = shared.clone();
+        let service = StreamableHttpService::new(
+            move || Ok(GatewayServer::new(factory_shared.clone())),
+            Arc::new(manager),
+            config,
+        );
+        let signer = options
+            .session_secret
+            .as_deref()
+            .map_or_else(SessionSigner::random, SessionSigner::new);
+        Gateway {
+            inner: Arc::new(Inner {
+                service,
+                shared,
+                signer,
+                store,
+                options,
+            }),
+        }
+    }
+
+    /// Tells open sessions about changes until `shutdown` (see [`sessions`]).
+    pub async fn follow_changes(&self, shutdown: CancellationToken) {
+        let shared = &self.inner.shared;
+        sessions::follow_changes(
+            shared.sessions.clone(),
+            shared.snapshot.clone(),
+            shared.runner.pool().clone(),
+            shutdown,
+        )
+        .await;
+    }
+
+    /// Serves one HTTP request of an authenticated caller.
+    pub async fn handle(&self, routed: Routed, request: Request<Body>) -> Response {
+        let method = request.method().clone();
+        let (mut parts, body) = request.into_parts();
+        let endpoint = routed.request.scope.endpoint();
+        let binding = Binding {
+            caller: &routed.caller_key,
+            endpoint: &endpoint,
+        };
+        let mut request_info = routed.request;
+        // A presented session must be signed for this caller and endpoint.
+        if let Some(presented) = parts.headers.get(SESSION_HEADER) {
+            let token = presented
+                .to_str()
+                .ok()
+                .and_then(|presented| self.inner.signer.verify(presented, &binding));
+            let Some(token) = token else {
+                return self.count(&method, "", jsonrpc_error(
+                    StatusCode::NOT_FOUND,
+                    -32001,
+                    "Session not found: unknown, expired or not signed for this caller and endpoint; initialize a new session",
+                ));
+            };
+            request_info.session_id = Some(token.inner.clone());
+            self.inner
+                .store
+                .verified(&token.inner, &token.protocol_version);
+            match HeaderValue::from_str(&token.inner) {
+                Ok(inner) => parts.headers.insert(SESSION_HEADER, inner),
+                Err(_) => return StatusCode::NOT_FOUND.into_response(),
+            };
+        }
+        // POST bodies are read here (bounded) for the method and, for
+        // `initialize`, the protocol version the session id will carry.
+        let (body, posted) = if method == http::Method::POST {
+            match axum::body::to_bytes(body, self.inner.options.max_request_bytes).await {
+                Ok(bytes) => match jsonrpc_envelope(&bytes) {
+                    Ok(posted) => (Body::from(bytes), Some(posted)),
+                    Err(refused) => return self.count(&method, "", refused),
+                },
+                Err(_) => {
+                    let error = ErrorObject::new(
+                        ErrorCode::PayloadTooLarge,
+                        format!(
+                            "request body over {} bytes",
+                            self.inner.options.max_request_bytes
+                        ),
+                    );
+                    return self.count(
+                        &method,
+                        "",
+                        crate::http::ApiError::from(error).into_response(),
+                    );
+                }
+            }
+        } else {
+            (body, None)
+        };
+        let (rpc_method, protocol_version) = posted
+            .map(|p| (p.method, p.protocol_version.unwrap_or_default()))
+            .unwrap_or_default();
+        let initialize = rpc_method == "initialize";
+        if initialize && self.inner.shared.sessions.len() >= self.inner.options.max_sessions {
+            let error = ErrorObject::new(
+                ErrorCode::McpUnavailable,
+                format!(
+                    "gateway session capacity reached (max_sessions = {}); retry later",
+                    self.inner.options.max_sessions
+                ),
+            )
+            .with_retryable(true);
+            return self.count(
+                &method,
+                &rpc_method,
+                crate::http::ApiError::from(error).into_response(),
+            );
+        }
+        parts.extensions.insert(request_info);
+        let response = self
+            .inner
+            .service
+            .handle(Request::from_parts(parts, body))
+            .await;
+        let (mut response_parts, response_body) = response.into_parts();
+        if initialize
+            && let Some(inner) = response_parts
+                .headers
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+        {
+            let signed = self.inner.signer.sign(inner, &protocol_version, &binding);
+            if let Ok(signed) = HeaderValue::from_str(&signed) {
+                response_parts.headers.insert(SESSION_HEADER, signed);
+            }
+        }
+        let response = Response::from_parts(response_parts, Body::new(response_body));
+        self.count(&method, &rpc_method, response)
+    }
+
+    /// Counts a request in `mcp_gateway_requests_total`.
+    fn count(&self, http_method: &http::Method, rpc_method: &str, response: Response) -> Response {
+        // Methods are the client's strings: only the protocol's names
+        // become labels, so a client cannot grow the metric without bound.
+        let method = match rpc_method {
+            "" => http_method.as_str(),
+            known if MCP_METHODS.contains(&known) => known,
+            _ => "other",
+        };
+        metrics::counter!(
+            "mcp_gateway_requests_total",
+            "method" => method.to_owned(),
+            "status" => response.status().as_u16().to_string()
+        )
+        .increment(1);
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code_of(body: &str) -> Option<u16> {
+        jsonrpc_envelope(body.as_bytes())
+            .err()
+            .map(|response| response.status().as_u16())
+    }
+
+    #[test]
+    fn post_bodies_are_judged_in_one_pass() {
+        let posted = jsonrpc_envelope(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{}}}"#,
+        )
+        .unwrap_or_else(|_| panic!("initialize refused"));
+        assert_eq!(posted.method, "initialize");
+        assert_eq!(posted.protocol_version.as_deref(), Some("2025-06-18"));
+        let call = jsonrpc_envelope(
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":{"protocolVersion":1}}}"#,
+        )
+        .unwrap_or_else(|_| panic!("tools/call refused"));
+        assert_eq!(
+            (call.method.as_str(), call.protocol_version),
+            ("tools/call", None)
+        );
+        assert!(jsonrpc_envelope(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_ok());
+        for bad in ["{not json", "", "[1"] {
+            assert_eq!(code_of(bad), Some(400), "{bad}");
+        }
+        for invalid in [
+            "[]",
+            "42",
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","method":7}"#,
+        ] {
+            assert_eq!(code_of(invalid), Some(400), "{invalid}");
+        }
+    }
+}

@@ -1,0 +1,883 @@
+//! The MCP server a gateway session talks to: one [`GatewayServer`] per
+//! session, answering from the caller's catalog (`/mcp`) or as one server
+//! (`/mcp/{server_id}`), under the caller's policy.
+//!
+//! Every request is judged by what the HTTP edge attached to it (the
+//! caller's task, the endpoint, the request id: [`GatewayRequest`]), not by
+//! what the session was opened with, so a changed task policy applies at
+//! once and a session restored on another worker needs nothing else. Tool
+//! calls take the tool API's path ([`ToolRunner::run`]); everything else a
+//! server offers is forwarded to it through the pool, filtered by the
+//! record's `allowed_resources` / `allowed_prompts`.
+
+// SEP-2577 deprecates logging and resources/subscribe; clients still use both.
+#![expect(deprecated)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use quiver_mcp::leases::SessionKey;
+use quiver_mcp::relay::CallAttachment;
+use quiver_mcp::{CallOptions, ForwardError};
+use quiver_model::StoredServer;
+use quiver_model::naming::{injected_name, parse_injected_name};
+use quiver_model::policy::{
+    ServerContentFilter, SessionFilter, check_session_within_task, server_selected,
+};
+use quiver_sync::Snapshot;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
+    ContentBlock, ElicitRequestParams, ElicitationAction, ElicitationSchema, ErrorCode as RpcCode,
+    ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
+    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, PromptsCapability, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, Reference, ResourcesCapability,
+    ServerCapabilities, ServerConfig, SetLevelRequestParams, SubscribeRequestParams, Tool,
+    ToolsCapability, UnsubscribeRequestParams,
+};
+use rmcp::service::{Peer, RequestContext, ServiceError};
+use rmcp::{RoleClient, RoleServer, ServerHandler};
+
+use crate::auth::Task;
+use crate::call::{CallContext, CallError, ToolRunner};
+use crate::catalog::{Catalog, CatalogTool};
+use crate::error::ErrorObject;
+use crate::gateway::peer::DownstreamPeer;
+use crate::gateway::scope::Scope;
+use crate::gateway::sessions::{LiveSession, LiveSessions, RELAY_SLOTS, Registered};
+
+/// What the HTTP edge attaches to each request it passes to the gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayRequest {
+    /// The caller's task.
+    pub task: Task,
+    /// The endpoint.
+    pub scope: Scope,
+    /// The worker's id of the HTTP request (`x-request-id`).
+    pub request_id: String,
+    /// The MCP session (rmcp's id, without the signature): the audit's
+    /// session id and the key of per-session connections.
+    pub session_id: Option<String>,
+}
+
+impl GatewayRequest {
+    /// The caller's session as per-session connections are keyed.
+    pub fn session_key(&self) -> Option<SessionKey> {
+        self.session_id.as_ref().map(|id| SessionKey {
+            task: self.task.name.clone(),
+            session_id: id.clone(),
+        })
+    }
+}
+
+/// What every session of a worker shares.
+pub struct Shared {
+    /// Runs tools (the tool API's path).
+    pub runner: ToolRunner,
+    /// The registry snapshot.
+    pub snapshot: quiver_sync::SnapshotHandle,
+    /// Open sessions, for notifications.
+    pub sessions: Arc<LiveSessions>,
+}
+
+/// One session's server.
+pub struct GatewayServer {
+    shared: Arc<Shared>,
+    registered: OnceLock<Registered>,
+    info: OnceLock<ServerConfig>,
+    /// The session's key, once a request named it: its per-session
+    /// connections end with the session.
+    leases: OnceLock<SessionKey>,
+}
+
+impl Drop for GatewayServer {
+    /// The session ended (DELETE, idle expiry, shutdown): so do the
+    /// connections per-session servers hold for it.
+    fn drop(&mut self) {
+        if let Some(session) = self.leases.get()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            self.shared.runner.pool().end_session(session);
+        }
+    }
+}
+
+impl GatewayServer {
+    /// A server for a new session.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        GatewayServer {
+            shared,
+            registered: OnceLock::new(),
+            info: OnceLock::new(),
+            leases: OnceLock::new(),
+        }
+    }
+}
+
+/// The `_meta` key of a `tools/call` that names its approval (§13.7).
+pub const APPROVAL_META: &str = "quiver/approval_id";
+
+/// Pages followed per server when the catalog endpoint lists resources or
+/// prompts of several servers (each page is bounded by the pool).
+const MAX_CATALOG_PAGES: usize = 20;
+
+fn gateway_request(context: &RequestContext<RoleServer>) -> Result<GatewayRequest, ErrorData> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<GatewayRequest>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("request did not come through the gateway", None))
+}
+
+impl GatewayServer {
+    /// What the edge attached to this request; notes the session's key.
+    fn request_of(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<GatewayRequest, ErrorData> {
+        let request = gateway_request(context)?;
+        if let Some(key) = request.session_key() {
+            let _ = self.leases.set(key);
+        }
+        Ok(request)
+    }
+}
+
+fn not_found(what: &str) -> ErrorData {
+    ErrorData::new(RpcCode::RESOURCE_NOT_FOUND, what.to_owned(), None)
+}
+
+/// A forwarded request's failure as the client sees it: the server's own
+/// JSON-RPC error unchanged, or the §10 object as the error's data.
+fn forward_error(err: ForwardError) -> ErrorData {
+    match err {
+        ForwardError::Server(error) => error,
+        ForwardError::Failed(err) => {
+            let object =
+                ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable());
+            ErrorData::internal_error(err.to_string(), Some(object.to_body()))
+        }
+    }
+}
+
+/// A refused or failed tool call as an MCP tool error: the §10 object as
+/// text and as structured content.
+fn tool_error(err: &CallError) -> CallToolResult {
+    let body = err.to_json();
+    let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
+    result.structured_content = Some(body);
+    result
+}
+
+impl GatewayServer {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.shared.snapshot.current()
+    }
+
+    /// The server `/mcp/{id}` serves, if the caller may use it.
+    fn server(&self, request: &GatewayRequest, id: &str) -> Result<Arc<StoredServer>, ErrorData> {
+        self.snapshot()
+            .get(id)
+            .filter(|server| server_selected(&server.spec, &request.task.policy, None).is_ok())
+            .cloned()
+            .ok_or_else(|| {
+                ErrorData::invalid_request(
+                    format!("{id:?} is not a server available to this caller"),
+                    None,
+                )
+            })
+    }
+
+    /// The servers an endpoint serves to this caller.
+    fn servers(&self, request: &GatewayRequest) -> Result<Vec<Arc<StoredServer>>, ErrorData> {
+        let snapshot = self.snapshot();
+        Ok(match &request.scope {
+            Scope::Server(id) => vec![self.server(request, id)?],
+            Scope::Catalog { .. } => snapshot
+                .servers
+                .values()
+                .filter(|server| request.scope.covers(&server.spec.server_id))
+                .filter(|server| server_selected(&server.spec, &request.task.policy, None).is_ok())
+                .cloned()
+                .collect(),
+        })
+    }
+
+    /// The caller's tools at this endpoint, restricted to `only` (the
+    /// servers a called name can refer to) when given.
+    async fn catalog(
+        &self,
+        request: &GatewayRequest,
+        only: Option<&BTreeSet<String>>,
+    ) -> Result<Catalog, ErrorData> {
+        let snapshot = self.snapshot();
+        let runner = &self.shared.runner;
+        match &request.scope {
+            Scope::Server(id) => {
+                self.server(request, id)?;
+                let only = BTreeSet::from([id.clone()]);
+                Ok(runner
+                    .catalog(&snapshot, &request.task, None, Some(&only))
+                    .await)
+            }
+            Scope::Catalog { server_ids } => {
+                let session = SessionFilter {
+                    server_ids: server_ids.as_ref().map(|ids| ids.iter().cloned().collect()),
+                    ..Default::default()
+                }
+                .compile()
+                .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
+                check_session_within_task(&request.task.policy, &session)
+                    .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
+                Ok(runner
+                    .catalog(&snapshot, &request.task, Some(&session), only)
+                    .await)
+            }
+        }
+    }
+
+    /// A catalog tool as the client sees it.
+    fn listed(scope: &Scope, tool: &CatalogTool) -> Tool {
+        let mut listed = tool.tool.clone();
+        match scope {
+            Scope::Server(_) => listed.name = tool.exposed_name.clone().into(),
+            Scope::Catalog { .. } => {
+                let readable = listed
+                    .title
+                    .clone()
+                    .unwrap_or_else(|| tool.exposed_name.clone());
+                listed.name = tool.injected_name.clone().into();
+                listed.title = Some(format!("{} · {readable}", tool.server_id()));
+            }
+        }
+        listed
+    }
+
+    fn content_filter(server: &StoredServer) -> Result<ServerContentFilter, ErrorData> {
+        ServerContentFilter::new(&server.spec)
+            .map_err(|err| ErrorData::internal_error(format!("record patterns: {err}"), None))
+    }
+
+    /// The one server of `/mcp/{id}`, or an error for the catalog endpoint
+    /// (which serves only what can be named across servers).
+    fn single(&self, request: &GatewayRequest, what: &str) -> Result<Arc<StoredServer>, ErrorData> {
+        match &request.scope {
+            Scope::Server(id) => self.server(request, id),
+            Scope::Catalog { .. } => Err(ErrorData::new(
+                RpcCode::METHOD_NOT_FOUND,
+                format!("{what} is served on /mcp/{{server_id}}, not on the catalog endpoint"),
+                None,
+            )),
+        }
+    }
+
+    fn capabilities(scope: &Scope, upstream: Option<&ServerCapabilities>) -> ServerCapabilities {
+        let mut tools = ToolsCapability::default();
+        tools.list_changed = Some(true);
+        let mut prompts = PromptsCapability::default();
+        prompts.list_changed = Some(true);
+        let mut resources = ResourcesCapability::default();
+        resources.list_changed = Some(true);
+        let mut capabilities = ServerCapabilities::default();
+        match (scope, upstream) {
+            // As the server itself: what it offers, with list changes
+            // announced (registry edits change the lists too).
+            (Scope::Server(_), Some(upstream)) => {
+                capabilities.tools = upstream.tools.as_ref().map(|_| tools);
+                capabilities.prompts = upstream.prompts.as_ref().map(|_| prompts);
+                capabilities.resources = upstream.resources.as_ref().map(|own| {
+                    resources.subscribe = own.subscribe;
+                    resources
+                });
+                capabilities.completions = upstream.completions.clone();
+                capabilities.logging = upstream.logging.clone();
+            }
+            _ => {
+                capabilities.tools = Some(tools);
+                capabilities.prompts = Some(prompts);
+                capabilities.resources = Some(resources);
+            }
+        }
+        capabilities
+    }
+
+    /// Forwards a request to `server` through the pool (its budgets apply;
+    /// a per-session server answers on the session's own connection).
+    async fn forward<T, F, Fut>(
+        &self,
+        on: &GatewayRequest,
+        server: &Arc<StoredServer>,
+        request: F,
+    ) -> Result<T, ErrorData>
+    where
+        T: serde::Serialize,
+        F: FnOnce(Peer<RoleClient>) -> Fut,
+        Fut: Future<Output = Result<T, ServiceError>>,
+    {
+        self.shared
+            .runner
+            .pool()
+            .forward(server, on.session_key().as_ref(), request)
+            .await
+            .map_err(forward_error)
+    }
+
+    /// Every page of one server's listing, up to [`MAX_CATALOG_PAGES`]:
+    /// `page` fetches one (its items and the next cursor). A page that fails
+    /// ends the listing of that server only.
+    async fn all_pages<T, Fut>(page: impl Fn(Option<String>) -> Fut) -> Vec<T>
+    where
+        Fut: Future<Output = Result<(Vec<T>, Option<String>), ErrorData>>,
+    {
+        let mut items = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAX_CATALOG_PAGES {
+            let Ok((page, next)) = page(cursor.take()).await else {
+                break;
+            };
+            items.extend(page);
+            match next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        items
+    }
+
+    async fn prompts_of(
+        &self,
+        request: &GatewayRequest,
+        server: &Arc<StoredServer>,
+        cursor: Option<String>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let params = cursor.map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
+        let mut listed = self
+            .forward(request, server, |peer| async move {
+                peer.list_prompts(params).await
+            })
+            .await?;
+        let filter = Self::content_filter(server)?;
+        listed.prompts.retain(|p| filter.allows_prompt(&p.name));
+        Ok(listed)
+    }
+
+    async fn resources_of(
+        &self,
+        request: &GatewayRequest,
+        server: &Arc<StoredServer>,
+        cursor: Option<String>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let params = cursor.map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
+        let mut listed = self
+            .forward(request, server, |peer| async move {
+                peer.list_resources(params).await
+            })
+            .await?;
+        let filter = Self::content_filter(server)?;
+        listed.resources.retain(|r| filter.allows_resource(&r.uri));
+        Ok(listed)
+    }
+
+    async fn read_from(
+        &self,
+        request: &GatewayRequest,
+        server: &Arc<StoredServer>,
+        params: ReadResourceRequestParams,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        if !Self::content_filter(server)?.allows_resource(&params.uri) {
+            return Err(not_found(&format!(
+                "resource {:?} is not available to this caller",
+                params.uri
+            )));
+        }
+        self.forward(request, server, |peer| async move {
+            peer.read_resource(params).await
+        })
+        .await
+        .map(Into::into)
+    }
+}
+
+impl GatewayServer {
+    /// Settles the approval of a call (§13.7 **R-APPR-2**): the approval the
+    /// client names in `_meta["quiver/approval_id"]` is used; without one, an
+    /// approval is requested and, if the client can be asked (elicitation),
+    /// the person at it is asked to accept once an approver approved it;
+    /// otherwise the refusal carries the approval's id.
+    async fn approve(
+        &self,
+        context: &RequestContext<RoleServer>,
+        request: &GatewayRequest,
+        tool: &CatalogTool,
+        arguments: Option<serde_json::Value>,
+        approval_id: Option<String>,
+    ) -> Result<(), CallError> {
+        let runner = &self.shared.runner;
+        let id = match approval_id {
+            Some(id) => id,
+            None => {
+                let refusal = runner
+                    .request_approval(&request.task, tool, arguments.clone())
+                    .await?;
+                let CallError::ApprovalRequired {
+                    approval_id: Some(id),
+                    ..
+                } = &refusal
+                else {
+                    return Err(refusal);
+                };
+                if !self.elicit_approval(context, tool, id).await {
+                    return Err(refusal);
+                }
+                id.clone()
+            }
+        };
+        runner
+            .use_approval(&request.task, tool, arguments, &id)
+            .await
+    }
+
+    /// Asks the person at the client to accept once approval `id` is
+    /// approved; `false` when the client cannot be asked or did not accept
+    /// within the tool's timeout.
+    async fn elicit_approval(
+        &self,
+        context: &RequestContext<RoleServer>,
+        tool: &CatalogTool,
+        id: &str,
+    ) -> bool {
+        let can_ask = context
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.elicitation.is_some());
+        let Ok(schema) = serde_json::from_value::<ElicitationSchema>(
+            serde_json::json!({"type": "object", "properties": {}}),
+        ) else {
+            return false;
+        };
+        if !can_ask {
+            return false;
+        }
+        let asked = context
+            .peer
+            .create_elicitation(ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message: format!(
+                    "{}.{} needs an approval. Ask an approver to approve {id} (web admin, Approvals), then accept.",
+                    tool.server_id(),
+                    tool.tool_name()
+                ),
+                requested_schema: schema,
+            });
+        let wait = std::time::Duration::from_millis(tool.server.spec.budgets.tool_timeout_ms);
+        matches!(
+            tokio::time::timeout(wait, asked).await,
+            Ok(Ok(answer)) if answer.action == ElicitationAction::Accept
+        )
+    }
+}
+
+impl ServerHandler for GatewayServer {
+    fn get_info(&self) -> ServerConfig {
+        self.info.get().cloned().unwrap_or_else(|| {
+            InitializeResult::new(Self::capabilities(&Scope::catalog(None), None)).with_server_info(
+                Implementation::new("quiver-gateway", env!("CARGO_PKG_VERSION")),
+            )
+        })
+    }
+
+    /// Up to 2025-11-25, the last revision with an `initialize` handshake:
+    /// the gateway's sessions (notifications, signed ids) are built on it.
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(
+            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        ))
+    }
+
+    async fn initialize(
+        &self,
+        params: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        context.peer.set_peer_info(params.clone());
+        let info = match &request.scope {
+            Scope::Server(id) => {
+                let server = self.server(&request, id)?;
+                let upstream = self
+                    .shared
+                    .runner
+                    .pool()
+                    .server_info(&server)
+                    .await
+                    .map_err(|err| forward_error(err.into()))?;
+                let mut info = InitializeResult::new(Self::capabilities(
+                    &request.scope,
+                    Some(&upstream.capabilities),
+                ));
+                if let Some(implementation) = &upstream.server_info {
+                    info = info.with_server_info(implementation.clone());
+                }
+                info.instructions = upstream.instructions.clone();
+                info
+            }
+            Scope::Catalog { .. } => self.get_info(),
+        };
+        let _ = self.info.set(info);
+        let _ = self
+            .registered
+            .set(self.shared.sessions.register(LiveSession {
+                peer: context.peer.clone(),
+                task: request.task.clone(),
+                scope: request.scope.clone(),
+                subscriptions: Default::default(),
+                log_level: Default::default(),
+                relay_slots: Arc::new(tokio::sync::Semaphore::new(RELAY_SLOTS)),
+            }));
+        self.negotiate_initialize(&params)
+    }
+
+    async fn list_tools(
+        &self,
+        _params: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let catalog = self.catalog(&request, None).await?;
+        Ok(ListToolsResult::with_all_items(
+            catalog
+                .tools()
+                .map(|tool| Self::listed(&request.scope, tool))
+                .collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let started = Instant::now();
+        let request = self.request_of(&context)?;
+        // Resolving a name lists only the servers it can refer to.
+        let candidates = Catalog::candidate_servers(&params.name);
+        let catalog = self.catalog(&request, Some(&candidates)).await?;
+        let tool = match &request.scope {
+            Scope::Server(_) => catalog
+                .tools()
+                .find(|tool| tool.exposed_name == params.name),
+            Scope::Catalog { .. } => catalog.resolve(&params.name),
+        };
+        let Some(tool) = tool.cloned() else {
+            if let Some(down) = catalog.unavailable.first() {
+                return Ok(tool_error(&CallError::Mcp(down.error.clone())).into());
+            }
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {:?}", params.name),
+                None,
+            ));
+        };
+        // rmcp hands a request's `_meta` to the handler in the context; it
+        // is passed on upstream without the worker's own key.
+        let mut meta = params.meta.clone().unwrap_or_else(|| context.meta.clone());
+        let approval_id = meta
+            .0
+            .0
+            .remove(APPROVAL_META)
+            .and_then(|id| id.as_str().map(str::to_owned));
+        let meta = Some(meta);
+        let arguments = params.arguments.map(serde_json::Value::Object);
+        let approved = tool.needs_approval();
+        if approved
+            && let Err(refusal) = self
+                .approve(&context, &request, &tool, arguments.clone(), approval_id)
+                .await
+        {
+            return Ok(tool_error(&refusal).into());
+        }
+        let attachment = self.registered.get().map(|registered| CallAttachment {
+            peer: Arc::new(DownstreamPeer {
+                session: registered.session.clone(),
+                request_id: context.id.clone(),
+            }),
+            progress_token: context.meta.get_progress_token(),
+        });
+        let call = CallContext {
+            request_id: request.request_id.clone(),
+            session_id: request.session_id.clone(),
+            relay: CallOptions {
+                meta,
+                attachment,
+                session: None,
+            },
+        };
+        let runner = &self.shared.runner;
+        let run = async {
+            if approved {
+                runner
+                    .execute(&request.task, &call, &tool, arguments, started)
+                    .await
+            } else {
+                runner
+                    .run(&request.task, &call, &tool, arguments, started)
+                    .await
+            }
+        };
+        // A client's `notifications/cancelled` fires `ct`: dropping the call
+        // cancels it on the server and frees its slot once the server is done.
+        let done = tokio::select! {
+            done = run => done,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error("request cancelled by the client", None));
+            }
+        };
+        Ok(match done {
+            Ok(done) => done.outcome.result,
+            Err(err) => tool_error(&err),
+        }
+        .into())
+    }
+
+    async fn list_prompts(
+        &self,
+        params: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let cursor = params.and_then(|p| p.cursor);
+        if let Scope::Server(id) = &request.scope {
+            let server = self.server(&request, id)?;
+            return self.prompts_of(&request, &server, cursor).await;
+        }
+        // The catalog endpoint names prompts like tools: unambiguous across servers.
+        let mut prompts = Vec::new();
+        for server in self.servers(&request)? {
+            let listed = Self::all_pages(|cursor| async {
+                let page = self.prompts_of(&request, &server, cursor).await?;
+                Ok((page.prompts, page.next_cursor))
+            })
+            .await;
+            for mut prompt in listed {
+                let Ok(name) = injected_name(&server.spec.server_id, &prompt.name) else {
+                    continue;
+                };
+                let readable = prompt.title.clone().unwrap_or_else(|| prompt.name.clone());
+                prompt.title = Some(format!("{} · {readable}", server.spec.server_id));
+                prompt.name = name;
+                prompts.push(prompt);
+            }
+        }
+        Ok(ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        mut params: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let request = self.request_of(&context)?;
+        let server = match &request.scope {
+            Scope::Server(id) => self.server(&request, id)?,
+            Scope::Catalog { .. } => {
+                let reference = parse_injected_name(&params.name)
+                    .into_iter()
+                    .find(|reference| request.scope.covers(&reference.server_id))
+                    .ok_or_else(|| {
+                        ErrorData::invalid_params(format!("unknown prompt {:?}", params.name), None)
+                    })?;
+                let server = self.server(&request, &reference.server_id)?;
+                params.name = reference.tool_name;
+                server
+            }
+        };
+        if !Self::content_filter(&server)?.allows_prompt(&params.name) {
+            return Err(ErrorData::invalid_params(
+                format!("prompt {:?} is not available to this caller", params.name),
+                None,
+            ));
+        }
+        self.forward(&request, &server, |peer| async move {
+            peer.get_prompt(params).await
+        })
+        .await
+        .map(Into::into)
+    }
+
+    async fn list_resources(
+        &self,
+        params: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let cursor = params.and_then(|p| p.cursor);
+        if let Scope::Server(id) = &request.scope {
+            let server = self.server(&request, id)?;
+            return self.resources_of(&request, &server, cursor).await;
+        }
+        let mut resources = Vec::new();
+        for server in self.servers(&request)? {
+            resources.extend(
+                Self::all_pages(|cursor| async {
+                    let page = self.resources_of(&request, &server, cursor).await?;
+                    Ok((page.resources, page.next_cursor))
+                })
+                .await,
+            );
+        }
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        params: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let server = self.single(&request, "resources/templates/list")?;
+        let filter = Self::content_filter(&server)?;
+        let mut listed = self
+            .forward(&request, &server, |peer| async move {
+                peer.list_resource_templates(params).await
+            })
+            .await?;
+        listed
+            .resource_templates
+            .retain(|template| filter.allows_resource(&template.uri_template));
+        Ok(listed)
+    }
+
+    async fn read_resource(
+        &self,
+        params: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let request = self.request_of(&context)?;
+        if let Scope::Server(id) = &request.scope {
+            let server = self.server(&request, id)?;
+            return self.read_from(&request, &server, params).await;
+        }
+        // The catalog endpoint keeps resource URIs as the servers give them:
+        // the first server that allows and has the resource answers.
+        for server in self.servers(&request)? {
+            if !Self::content_filter(&server)?.allows_resource(&params.uri) {
+                continue;
+            }
+            match self.read_from(&request, &server, params.clone()).await {
+                Ok(read) => return Ok(read),
+                Err(err)
+                    if err.code == RpcCode::RESOURCE_NOT_FOUND
+                        || err.code == RpcCode::INVALID_PARAMS =>
+                {
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(not_found(&format!("resource {:?} not found", params.uri)))
+    }
+
+    async fn subscribe(
+        &self,
+        params: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let request = self.request_of(&context)?;
+        let server = self.single(&request, "resources/subscribe")?;
+        if !Self::content_filter(&server)?.allows_resource(&params.uri) {
+            return Err(not_found(&format!(
+                "resource {:?} is not available to this caller",
+                params.uri
+            )));
+        }
+        let uri = params.uri.clone();
+        self.forward(&request, &server, |peer| async move {
+            peer.subscribe(params).await
+        })
+        .await?;
+        if let Some(registered) = self.registered.get() {
+            registered
+                .session
+                .subscriptions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(uri);
+        }
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        params: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let request = self.request_of(&context)?;
+        let server = self.single(&request, "resources/unsubscribe")?;
+        let Some(registered) = self.registered.get() else {
+            return Ok(());
+        };
+        registered
+            .session
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&params.uri);
+        // The server's connection is shared: it stays subscribed while
+        // another session wants the updates.
+        if self.shared.sessions.subscribed_elsewhere(
+            &registered.session,
+            &server.spec.server_id,
+            &params.uri,
+        ) {
+            return Ok(());
+        }
+        self.forward(&request, &server, |peer| async move {
+            peer.unsubscribe(params).await
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        params: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let server = self.single(&request, "completion/complete")?;
+        let filter = Self::content_filter(&server)?;
+        let allowed = match &params.r#ref {
+            Reference::Prompt(prompt) => filter.allows_prompt(&prompt.name),
+            Reference::Resource(template) => filter.allows_resource(&template.uri),
+            _ => false,
+        };
+        if !allowed {
+            return Err(ErrorData::invalid_params(
+                "the completion's reference is not available to this caller",
+                None,
+            ));
+        }
+        self.forward(&request, &server, |peer| async move {
+            peer.complete(params).await
+        })
+        .await
+    }
+
+    /// Sets the level of the server's log messages relayed to this session.
+    /// The server's connection is shared, so its own level is not changed.
+    async fn set_level(
+        &self,
+        params: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.request_of(&context)?;
+        if let Some(registered) = self.registered.get() {
+            *registered
+                .session
+                .log_level
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(params.level);
+        }
+        Ok(())
+    }
+}
