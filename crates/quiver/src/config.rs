@@ -28,6 +28,10 @@ pub struct RegistryFile {
     pub admin_token: Option<String>,
     /// Worker (read-only) token.
     pub worker_token: Option<String>,
+    /// Approver token (reads and decides approvals only).
+    pub approver_token: Option<String>,
+    /// Lifetime of an approval in seconds (decision and use).
+    pub approval_ttl_secs: Option<u64>,
     /// Serve without credentials (loopback only).
     pub insecure_no_auth: Option<bool>,
     /// Watch heartbeat period in seconds.
@@ -56,7 +60,8 @@ pub struct RegistryFile {
 #[serde(deny_unknown_fields)]
 pub struct WorkerFile {
     /// Registry gRPC URL.
-    pub registry: Option<String>,
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub registry: Vec<String>,
     /// Worker token for the registry (prefer `QUIVER_TOKEN`).
     pub token: Option<String>,
     /// PEM CA certificates trusted for an `https://` registry.
@@ -67,6 +72,9 @@ pub struct WorkerFile {
     /// Timeouts and connection cap of the HTTP listener.
     #[serde(default)]
     pub listener: ListenerSection,
+    /// The MCP endpoints (gateway mode).
+    #[serde(default)]
+    pub gateway: GatewaySection,
     /// HTTP listen address.
     pub http_listen: Option<SocketAddr>,
     /// Identity reported to the registry.
@@ -169,6 +177,12 @@ pub struct PoolSection {
     pub list_timeout_ms: Option<NonZeroU64>,
     /// Longest message a stdio server may send, in bytes.
     pub max_message_bytes: Option<NonZeroUsize>,
+    /// Live connections of `isolation = "per_session"` servers, worker-wide.
+    pub max_session_connections: Option<NonZeroUsize>,
+    /// Live connections of one `per_session` server.
+    pub max_session_connections_per_server: Option<NonZeroUsize>,
+    /// A per-session connection unused this long is closed, in ms.
+    pub session_idle_timeout_ms: Option<NonZeroU64>,
 }
 
 impl PoolSection {
@@ -204,6 +218,17 @@ impl PoolSection {
                 defaults.list_timeout,
             ),
             max_message_bytes: count(self.max_message_bytes, defaults.max_message_bytes),
+            session_leases: quiver_mcp::leases::LeaseLimits {
+                per_server: count(
+                    self.max_session_connections_per_server,
+                    defaults.session_leases.per_server,
+                ),
+                total: count(self.max_session_connections, defaults.session_leases.total),
+            },
+            session_idle_timeout: millis(
+                self.session_idle_timeout_ms.map(NonZeroU64::get),
+                defaults.session_idle_timeout,
+            ),
             ..defaults
         }
     }
@@ -222,6 +247,39 @@ pub struct ListenerSection {
     pub idle_timeout_ms: Option<NonZeroU64>,
     /// Open connections of all the listeners together.
     pub max_connections: Option<NonZeroUsize>,
+}
+
+/// A string or a list of strings (`registry = "…"` or `registry = ["…", "…"]`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    })
+}
+
+/// `[gateway]` of the worker config: the MCP endpoints `/mcp` and
+/// `/mcp/{server_id}` (the `--mcp-*` flags win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySection {
+    /// `Host` values accepted (`host` or `host:port`).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values accepted (`scheme://host[:port]`).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Name of an environment variable holding the fleet's session-signing secret.
+    pub session_key_env: Option<String>,
+    /// Sessions open at once on this worker.
+    pub max_sessions: Option<NonZeroUsize>,
+    /// A session unused this long leaves memory (its id still resumes it), in ms.
+    pub session_idle_ms: Option<NonZeroU64>,
 }
 
 /// One `[[callers]]` entry: a token (literal or from an environment

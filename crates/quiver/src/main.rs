@@ -37,6 +37,10 @@ enum Command {
     Dev(cmd::dev::DevArgs),
     /// Serve the bundled example MCP server over stdio.
     McpExample,
+    /// MCP client tools: `quiver mcp probe URL` connects to a server (OAuth if it asks).
+    Mcp(cmd::mcp_probe::McpArgs),
+    /// Serve a worker's MCP endpoint on stdin/stdout (for clients that only launch stdio servers).
+    McpStdio(cmd::mcp_stdio::McpStdioArgs),
     /// Manage MCP server records over gRPC.
     Servers(cmd::servers::ServersArgs),
 }
@@ -49,6 +53,8 @@ async fn main() -> std::process::ExitCode {
         Command::Worker(args) => cmd::worker::run(args).await,
         Command::Dev(args) => cmd::dev::run(args).await,
         Command::McpExample => cmd::mcp_example::run().await,
+        Command::McpStdio(args) => cmd::mcp_stdio::run(args).await,
+        Command::Mcp(args) => cmd::mcp_probe::run(args).await,
         Command::Servers(args) => cmd::servers::run(args).await,
     };
     match result {

@@ -124,7 +124,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         WorkerOptions {
             http_listen: args.worker_http_listen,
             sync: SyncOptions {
-                registry_url: format!("http://{}", registry.grpc_addr()),
+                registry_urls: vec![format!("http://{}", registry.grpc_addr())],
                 worker_id: "dev".to_owned(),
                 ..SyncOptions::default()
             },
@@ -149,6 +149,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
          registry gRPC  http://{grpc}   (quiver servers list)\n  \
          registry HTTP  http://{http}/admin/api/mcp/servers\n  \
          worker   HTTP  http://{worker}/v1/mcp/tools   /v1/chat/completions ({chat})\n  \
+         worker   MCP   http://{worker}/mcp   /mcp/example   (streamable HTTP; quiver mcp-stdio --worker http://{worker})\n  \
          AUTHENTICATION DISABLED (--insecure-no-auth): loopback only, every caller is admin",
         db = args.database_url,
         dir = args.mcp_dir.display(),

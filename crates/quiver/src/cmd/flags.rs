@@ -11,9 +11,11 @@ use clap::Args;
 use quiver_listen::ListenerOptions;
 use quiver_proto::tls::ServerTls;
 use quiver_upstream::UpstreamOptions;
+use quiver_worker::gateway::GatewayOptions;
 
 use crate::config::{
-    self, EgressSection, ListenerSection, LogSection, TlsFileError, TlsSection, UpstreamSection,
+    self, EgressSection, GatewaySection, ListenerSection, LogSection, TlsFileError, TlsSection,
+    UpstreamSection,
 };
 use crate::telemetry::{DEFAULT_LOG_FILTER, LogFormat, LogSettings, OtlpEndpoint, TelemetryError};
 
@@ -93,6 +95,86 @@ impl ListenerFlags {
             ),
             ..defaults
         }
+    }
+}
+
+/// The MCP endpoints of a worker (gateway mode).
+#[derive(Args, Debug, Default)]
+pub struct GatewayFlags {
+    /// `Host` value the MCP endpoints accept (`host` or `host:port`;
+    /// repeatable) [default: loopback names on a loopback listener, any
+    /// otherwise].
+    #[arg(
+        long = "mcp-allowed-host",
+        env = "QUIVER_MCP_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` the MCP endpoints accept (`scheme://host[:port]`;
+    /// repeatable) [default: loopback origins on a loopback listener, the
+    /// request's own host otherwise].
+    #[arg(
+        long = "mcp-allowed-origin",
+        env = "QUIVER_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
+    /// Secret signing MCP session ids, the same on every worker of a fleet
+    /// so any worker resumes any session [default: derived from the
+    /// registry token, else random per process].
+    #[arg(
+        long = "mcp-session-key",
+        env = "QUIVER_MCP_SESSION_KEY",
+        hide_env_values = true
+    )]
+    pub session_key: Option<String>,
+    /// MCP sessions open at once on this worker [default: 10000].
+    #[arg(long = "mcp-max-sessions", env = "QUIVER_MCP_MAX_SESSIONS")]
+    pub max_sessions: Option<NonZeroUsize>,
+}
+
+impl GatewayFlags {
+    /// The gateway options of these flags over the `[gateway]` section;
+    /// without a configured secret, sessions are signed with one derived
+    /// from `registry_token` (shared by the fleet's workers) if there is one.
+    pub fn options(
+        self,
+        file: GatewaySection,
+        registry_token: Option<&str>,
+    ) -> anyhow::Result<GatewayOptions> {
+        let defaults = GatewayOptions::default();
+        let from_env = match &file.session_key_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("gateway.session_key_env: environment variable {var} is not set")
+            })?),
+            None => None,
+        };
+        let session_secret = self
+            .session_key
+            .or(from_env)
+            .map(String::into_bytes)
+            .or_else(|| registry_token.map(|token| format!("registry token:{token}").into_bytes()));
+        Ok(GatewayOptions {
+            allowed_hosts: if self.allowed_hosts.is_empty() {
+                file.allowed_hosts
+            } else {
+                self.allowed_hosts
+            },
+            allowed_origins: if self.allowed_origins.is_empty() {
+                file.allowed_origins
+            } else {
+                self.allowed_origins
+            },
+            session_secret,
+            max_sessions: self
+                .max_sessions
+                .or(file.max_sessions)
+                .map_or(defaults.max_sessions, NonZeroUsize::get),
+            session_idle: file
+                .session_idle_ms
+                .map_or(defaults.session_idle, |ms| Duration::from_millis(ms.get())),
+            ..defaults
+        })
     }
 }
 

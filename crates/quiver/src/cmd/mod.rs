@@ -4,6 +4,8 @@
 pub mod dev;
 pub mod flags;
 pub mod mcp_example;
+pub mod mcp_probe;
+pub mod mcp_stdio;
 pub mod registry;
 pub mod servers;
 pub mod signals;

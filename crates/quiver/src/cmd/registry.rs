@@ -10,7 +10,9 @@ use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::FeedOptions;
 use quiver_registry::state::McpDir;
-use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
+use quiver_registry::{
+    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::flags::{EgressFlags, ListenerFlags, LogFlags, TlsFlags};
@@ -56,6 +58,19 @@ pub struct RegistryArgs {
     /// File holding the worker token (trimmed).
     #[arg(long, env = "QUIVER_WORKER_TOKEN_FILE")]
     pub worker_token_file: Option<PathBuf>,
+    /// Approver token: may only read and decide approvals (REST and web
+    /// admin); prefer QUIVER_APPROVER_TOKEN or --approver-token-file.
+    #[arg(long, env = "QUIVER_APPROVER_TOKEN", hide_env_values = true)]
+    pub approver_token: Option<String>,
+    /// File holding the approver token (trimmed).
+    #[arg(long, env = "QUIVER_APPROVER_TOKEN_FILE")]
+    pub approver_token_file: Option<PathBuf>,
+    /// How long an approval waits for its decision and then for its one use.
+    #[arg(long, env = "QUIVER_APPROVAL_TTL_SECS",
+        value_parser = clap::value_parser!(u64).range(1..=86_400),
+        help = format!("How long an approval waits for its decision and then its use, in seconds [default: {}]",
+            quiver_registry::approvals::DEFAULT_APPROVAL_TTL.as_secs()))]
+    pub approval_ttl_secs: Option<u64>,
     /// Serve without credentials; only allowed on loopback listeners.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -127,6 +142,16 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         args.worker_token_file.as_deref(),
         "--worker-token-file",
     )?;
+    let approver_token = config::token_or_file(
+        args.approver_token,
+        "--approver-token",
+        args.approver_token_file.as_deref(),
+        "--approver-token-file",
+    )?;
+    let approval_ttl_secs = args.approval_ttl_secs.or(file.approval_ttl_secs);
+    if approval_ttl_secs.is_some_and(|secs| !(1..=86_400).contains(&secs)) {
+        anyhow::bail!("approval_ttl_secs must be 1 to 86400");
+    }
     let options = RegistryOptions {
         grpc_listen: args
             .grpc_listen
@@ -163,6 +188,10 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         preview_egress: args.egress.policy(file.egress)?,
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
         listener: args.listener.options(file.listener),
+        approvals: ApprovalOptions {
+            approver_token: approver_token.or(file.approver_token),
+            ttl: approval_ttl_secs.map_or(defaults.approvals.ttl, Duration::from_secs),
+        },
         ..defaults
     };
     Ok(RegistrySettings {

@@ -12,14 +12,16 @@ use tonic::transport::Channel;
 /// Connection flags shared by every `servers` subcommand.
 #[derive(Args, Debug)]
 pub struct ServersArgs {
-    /// Registry gRPC URL.
+    /// Registry gRPC URL; repeat it (comma list in QUIVER_REGISTRY) for
+    /// replicas: the first that accepts a connection is used.
     #[arg(
         long,
         env = "QUIVER_REGISTRY",
-        default_value_t = quiver_sync::default_registry_url(),
+        value_delimiter = ',',
+        default_values_t = [quiver_sync::default_registry_url()],
         global = true
     )]
-    pub registry: String,
+    pub registry: Vec<String>,
     /// PEM CA certificates trusted for an https:// --registry [default: the
     /// system roots].
     #[arg(long, env = "QUIVER_REGISTRY_CA", global = true)]
@@ -96,23 +98,28 @@ pub enum ServersCommand {
     },
 }
 
+/// A client of the first replica of `--registry` that accepts a connection.
 async fn connect(args: &ServersArgs) -> anyhow::Result<RegistryClient> {
-    let mut endpoint = Channel::from_shared(args.registry.clone())
-        .with_context(|| format!("invalid --registry URL {:?}", args.registry))?;
     let ca = crate::config::registry_ca(args.registry_ca.as_deref())?;
-    if endpoint.uri().scheme_str() == Some("https") {
-        let tls = quiver_proto::tls::client_tls(ca.as_deref()).context("--registry-ca")?;
-        endpoint = endpoint.tls_config(tls).context("--registry TLS")?;
-    } else if ca.is_some() {
-        bail!("--registry-ca needs an https:// --registry");
-    }
-    let channel = endpoint
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to the registry at {}", args.registry))?;
     let credentials = Credentials::new(args.token.as_deref(), args.actor.as_deref())
         .context("invalid --token or --actor")?;
-    Ok(credentials.client(channel))
+    let mut failures = Vec::new();
+    for url in &args.registry {
+        let mut endpoint = Channel::from_shared(url.clone())
+            .with_context(|| format!("invalid --registry URL {url:?}"))?
+            .connect_timeout(std::time::Duration::from_secs(5));
+        if endpoint.uri().scheme_str() == Some("https") {
+            let tls = quiver_proto::tls::client_tls(ca.as_deref()).context("--registry-ca")?;
+            endpoint = endpoint.tls_config(tls).context("--registry TLS")?;
+        } else if ca.is_some() {
+            bail!("--registry-ca needs an https:// --registry (got {url})");
+        }
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(credentials.client(channel)),
+            Err(err) => failures.push(format!("{url}: {err}")),
+        }
+    }
+    bail!("cannot connect to the registry ({})", failures.join("; "))
 }
 
 /// Turns a gRPC status into an error message naming its code.

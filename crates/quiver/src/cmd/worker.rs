@@ -12,7 +12,7 @@ use quiver_worker::auth::{CallerToken, CallersConfig, DEFAULT_TASK};
 use quiver_worker::{DEFAULT_HTTP_LISTEN, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::flags::{EgressFlags, ListenerFlags, LogFlags, TlsFlags, UpstreamFlags};
+use super::flags::{EgressFlags, GatewayFlags, ListenerFlags, LogFlags, TlsFlags, UpstreamFlags};
 use super::signals::shutdown_on_signal;
 use crate::config::{self, WorkerFile};
 use crate::telemetry::{self, LogSettings};
@@ -23,10 +23,12 @@ pub struct WorkerArgs {
     /// TOML config file (see config/worker.toml).
     #[arg(long, env = "QUIVER_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Registry gRPC URL.
-    #[arg(long, env = "QUIVER_REGISTRY",
-        help = format!("Registry gRPC URL [default: {}]", default_registry_url()))]
-    pub registry: Option<String>,
+    /// Registry gRPC URL; repeat it (or give a comma list in the
+    /// environment) for replicas: the worker follows one and fails over to
+    /// the next.
+    #[arg(long, env = "QUIVER_REGISTRY", value_delimiter = ',',
+        help = format!("Registry gRPC URL; repeat it (comma list in QUIVER_REGISTRY) for replicas the worker fails over between [default: {}]", default_registry_url()))]
+    pub registry: Vec<String>,
     /// Worker token for the registry (prefer QUIVER_TOKEN or --token-file:
     /// flags are visible in `ps`).
     #[arg(long, env = "QUIVER_TOKEN", hide_env_values = true)]
@@ -78,6 +80,9 @@ pub struct WorkerArgs {
     /// Egress allowlist of the HTTP transports.
     #[command(flatten)]
     pub egress: EgressFlags,
+    /// The MCP endpoints (gateway mode).
+    #[command(flatten)]
+    pub gateway: GatewayFlags,
 }
 
 fn default_worker_id() -> String {
@@ -141,10 +146,13 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
     } else {
         args.warm_up
     };
-    let registry_url = args
-        .registry
-        .or(file.registry)
-        .unwrap_or(defaults.sync.registry_url);
+    let registry_urls = if !args.registry.is_empty() {
+        args.registry
+    } else if !file.registry.is_empty() {
+        file.registry
+    } else {
+        defaults.sync.registry_urls.clone()
+    };
     let registry_ca = config::registry_ca(
         args.registry_ca
             .or_else(|| {
@@ -153,17 +161,23 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             })
             .as_deref(),
     )?;
-    if registry_ca.is_some() && !registry_url.starts_with("https://") {
-        bail!("--registry-ca needs an https:// --registry (got {registry_url})");
+    if registry_ca.is_some()
+        && let Some(plain) = registry_urls
+            .iter()
+            .find(|url| !url.starts_with("https://"))
+    {
+        bail!("--registry-ca needs https:// registries (got {plain})");
     }
+    let token = token.or(file.token);
+    let gateway = args.gateway.options(file.gateway, token.as_deref())?;
     let options = WorkerOptions {
         http_listen: args
             .http_listen
             .or(file.http_listen)
             .unwrap_or(defaults.http_listen),
         sync: SyncOptions {
-            registry_url,
-            token: token.or(file.token),
+            registry_urls,
+            token,
             registry_ca,
             worker_id: args
                 .worker_id
@@ -183,6 +197,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         catalog_wait,
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
         listener: args.listener.options(file.listener),
+        gateway,
         ..defaults
     };
     let log = args.log.settings(file.log)?;
@@ -203,7 +218,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 
 /// Starts a worker and serves it until `shutdown`.
 pub async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let registry = options.sync.registry_url.clone();
+    let registry = options.sync.registry_urls.join(",");
     let tls = options.tls.is_some();
     let worker = Worker::start(options, shutdown)
         .await
