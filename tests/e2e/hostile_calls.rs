@@ -18,18 +18,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::harness::{
-    ADMIN, Admin, CALLER, WORKER, WorkerProcess, eventually, injected, metric_sum, quiver_command,
-    registry, sqlite,
+    ADMIN, Admin, CALLER, WORKER, WorkerProcess, eventually, injected, metric_sum, peer,
+    quiver_command, registry, sqlite,
 };
 use crate::openai_sdk::sdk_python;
-
-fn peer(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/e2e/peers")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// A stdio record of `command args` allowing every tool, with `budgets`.
 fn record(server_id: &str, command: &str, args: &[&str], budgets: Value) -> Value {

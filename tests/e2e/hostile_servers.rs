@@ -20,19 +20,13 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, RegistryProcess, WorkerProcess, eventually, processes, quiver_bin, sqlite,
+    Admin, RegistryProcess, WorkerProcess, eventually, processes, sqlite, testkit_bin,
 };
 use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
-/// Path of the `quiver-testkit-hostile` binary (built next to `quiver`).
+/// Path of the `quiver-testkit-hostile` binary.
 fn hostile_bin() -> String {
-    let path = std::path::Path::new(quiver_bin()).with_file_name("quiver-testkit-hostile");
-    assert!(
-        path.is_file(),
-        "{} is missing; build it: cargo build -p quiver-testkit",
-        path.display()
-    );
-    path.to_str().expect("utf-8 path").to_owned()
+    testkit_bin("quiver-testkit-hostile")
 }
 
 /// A stdio record running the hostile server with `args`.

@@ -6,12 +6,16 @@
 //! database from `quiver_testkit` (dropped afterwards) or a SQLite file in a
 //! temporary directory. Nothing depends on state left by other tests or runs.
 
+mod approvals;
 mod auth;
 mod chat;
 mod cli_and_bootstrap;
+mod conformance_client;
+mod conformance_server;
 mod crash_safety;
 mod deployment;
 mod faults;
+mod gateway;
 mod graceful_shutdown;
 mod harness;
 mod hostile_calls;
@@ -26,6 +30,7 @@ mod registry_concurrency;
 mod replicas;
 mod repo_rules;
 mod security;
+mod sessions;
 mod tls;
 mod web_admin;
 mod worker;

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use quiver_proto::v1 as pb;
 use quiver_testkit::postgres::TestDatabase;
 
-use crate::harness::{RegistryProcess, stdio_spec, upsert, upserted_revision};
+use crate::harness::{
+    Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, run_quiver, stdio_record, stdio_spec,
+    upsert, upserted_revision,
+};
 
 const ADMIN: &str = "admin-secret";
 const UPSERTS: usize = 20;
@@ -122,4 +125,90 @@ async fn a_change_on_one_replica_reaches_watchers_on_the_other() {
         p50_after_ack < Duration::from_millis(20),
         "events reach B a median {p50_after_ack:?} after A acknowledged them: held back (Nagle / delayed ACK?)"
     );
+}
+
+/// A worker given both replicas (R-SYNC-8) follows one; when it is killed,
+/// the worker moves to the other without a gap or a duplicate: every write
+/// acknowledged by either replica is in its snapshot, in revision order, and
+/// `/readyz` and the metrics say which replica it follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_fails_over_to_the_other_replica() {
+    let db = TestDatabase::create().await;
+    let registry_args = [
+        "--database-url",
+        db.url(),
+        "--admin-token",
+        ADMIN,
+        "--worker-token",
+        WORKER,
+    ];
+    let mut a = RegistryProcess::start(&registry_args).await;
+    let b = RegistryProcess::start(&registry_args).await;
+    let (admin_a, admin_b) = (Admin::new(&a, ADMIN), Admin::new(&b, ADMIN));
+    let first = admin_a.upsert(stdio_record("before", &["*"])).await;
+    let worker = WorkerProcess::start(
+        &a.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--registry", &b.grpc_url()],
+    )
+    .await;
+    worker.synced(first, Duration::from_secs(10)).await;
+    let (_, ready) = worker.readyz().await;
+    assert_eq!(ready["registry"], a.grpc_url(), "{ready}");
+
+    a.kill_hard();
+    // Writes keep being acknowledged by B while the worker moves.
+    let mut head = first;
+    for i in 0..5 {
+        head = admin_b
+            .upsert(stdio_record(&format!("after-{i}"), &["*"]))
+            .await;
+    }
+    worker.synced(head, Duration::from_secs(15)).await;
+    let (_, ready) = worker.readyz().await;
+    assert_eq!(ready["registry"], b.grpc_url(), "{ready}");
+    assert_eq!(ready["revision"], head);
+    let servers: Vec<String> = worker.get("/v1/mcp/servers").await.1["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .filter_map(|s| s["server_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(servers.len(), 6, "{servers:?}");
+    let page = reqwest::get(format!("{}/metrics", worker.url()))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let failovers: f64 = page
+        .lines()
+        .find_map(|line| line.strip_prefix("quiver_worker_registry_failovers_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(failovers >= 1.0, "{failovers} failovers counted");
+    assert!(
+        worker.logged("following the next one"),
+        "{}",
+        worker.log_tail()
+    );
+
+    // The admin CLI takes replicas too: the dead one is skipped.
+    let listed = run_quiver(
+        &[
+            "servers",
+            "--registry",
+            &a.grpc_url(),
+            "--registry",
+            &b.grpc_url(),
+            "--token",
+            ADMIN,
+            "list",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(listed.status.success(), "{}", listed.stderr);
+    assert!(listed.stdout.contains("after-4"), "{}", listed.stdout);
 }

@@ -26,6 +26,7 @@ use crate::harness::{RegistryProcess, WorkerProcess, testkit_mcp_bin};
 use crate::worker::{ADMIN, WORKER};
 
 const CALLER: &str = "e2e-web-caller-token";
+const APPROVER: &str = "e2e-web-approver-token";
 const WORKER_ID: &str = "e2e-web-worker";
 /// Hard limit for the browser script (it normally takes 15–30 s).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(150);
@@ -138,6 +139,35 @@ async fn check_serving(base: &str) {
     assert_eq!(whoami.status(), StatusCode::UNAUTHORIZED);
 }
 
+/// Two pending approvals, requested over gRPC with the worker token as a
+/// worker would (the worker side does not request them yet): the page
+/// approves `approve_me` and denies `deny_me`.
+async fn request_approvals(grpc_url: &str) {
+    let channel = tonic::transport::Channel::from_shared(grpc_url.to_owned())
+        .expect("grpc url")
+        .connect()
+        .await
+        .expect("connect to the registry");
+    let mut client = quiver_proto::credentials::Credentials::new(Some(WORKER), Some(WORKER_ID))
+        .expect("credentials")
+        .approval_client(channel);
+    for tool in ["approve_me", "deny_me"] {
+        let arguments =
+            serde_json::json!({"path": format!("/srv/{tool}"), "api_key": "sk-approval-secret"});
+        client
+            .request_approval(quiver_proto::v1::RequestApprovalRequest {
+                task: "web-task".into(),
+                server_id: "web-files".into(),
+                tool: tool.into(),
+                arguments_json: arguments.to_string(),
+                arguments_hash: quiver_model::approval::canonical_arguments_hash(&arguments),
+                record_revision: 1,
+            })
+            .await
+            .expect("request an approval");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_admin_in_chromium() {
     let chromium = chromium();
@@ -156,6 +186,8 @@ async fn web_admin_in_chromium() {
         ADMIN,
         "--worker-token",
         WORKER,
+        "--approver-token",
+        APPROVER,
         "--mcp-dir",
         &mcp_dir_arg,
         // Rescans happen when the page asks for them, nowhere else.
@@ -172,6 +204,7 @@ async fn web_admin_in_chromium() {
     .await;
 
     check_serving(&registry.http_url()).await;
+    request_approvals(&registry.grpc_url()).await;
 
     let screenshots = workspace().join("target/web-admin-screenshots");
     let _ = std::fs::remove_dir_all(&screenshots);
@@ -186,6 +219,7 @@ async fn web_admin_in_chromium() {
         .env("QUIVER_REGISTRY_URL", registry.http_url())
         .env("QUIVER_ADMIN_TOKEN", ADMIN)
         .env("QUIVER_WORKER_TOKEN", WORKER)
+        .env("QUIVER_APPROVER_TOKEN", APPROVER)
         .env("QUIVER_WORKER_ID", WORKER_ID)
         .env("QUIVER_WORKER_URL", worker.url())
         .env("QUIVER_CALLER_TOKEN", CALLER)

@@ -1,0 +1,568 @@
+//! Gateway mode (issue #12): the worker's MCP endpoints used by the official
+//! Python SDK (`mcp` 2.x) as the client, over streamable HTTP to `/mcp` and
+//! `/mcp/{id}` and over stdio through `quiver mcp-stdio`, in front of a
+//! server of the same SDK (`tests/e2e/peers/gateway_upstream.py`); one
+//! client alternating between two workers behind a round-robin balancer;
+//! and the endpoints' refusals (no token, foreign `Host`/`Origin`, bad
+//! JSON-RPC, unknown sessions).
+//!
+//! The client (`tests/e2e/peers/gateway_client.py`) runs every step and
+//! prints a JSON report; the tests check it here.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::harness::{
+    ADMIN, Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, injected, metric_sum, peer,
+    quiver_bin, registry, sqlite,
+};
+use crate::openai_sdk::sdk_python;
+
+/// The upstream's record: one call at a time (so a call after a cancelled
+/// one proves the slot was freed), one public resource, one prompt.
+fn upstream_record(state_dir: &Path, allowed_tools: &[&str]) -> Value {
+    json!({
+        "server_id": "py",
+        "transport": "stdio",
+        "stdio": {
+            "command": sdk_python(),
+            "args": [peer("gateway_upstream.py"), state_dir.display().to_string()],
+        },
+        "allowed_tools": allowed_tools,
+        "allowed_resources": ["notes://public"],
+        "allowed_prompts": ["greet"],
+        "budgets": {"max_concurrency": 1, "tool_timeout_ms": 60000},
+    })
+}
+
+/// A SQLite registry with the upstream registered, and a worker.
+struct Stack {
+    _dir: TempDir,
+    state: TempDir,
+    registry: RegistryProcess,
+    worker: WorkerProcess,
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let (dir, db_url) = sqlite();
+        let registry = registry(&db_url, None).await;
+        let admin = Admin::new(&registry, ADMIN);
+        let state = tempfile::tempdir().expect("state dir");
+        let revision = admin.upsert(upstream_record(state.path(), &["*"])).await;
+        let worker =
+            WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
+        worker.synced(revision, Duration::from_secs(10)).await;
+        Stack {
+            _dir: dir,
+            state,
+            registry,
+            worker,
+        }
+    }
+
+    /// The client's config: tool and prompt names as `endpoint` lists them,
+    /// and the edit that drops the `fail` tool.
+    fn client_config(&self, transport: Value, catalog: bool) -> Value {
+        let name = |tool: &str| {
+            if catalog {
+                injected("py", tool)
+            } else {
+                tool.to_owned()
+            }
+        };
+        let mut config = json!({
+            "names": {"add": name("add"), "slow": name("slow"), "fail": name("fail"), "grow": name("grow"), "greet": name("greet")},
+            "state_dir": self.state.path(),
+            "edit": {
+                "url": format!("{}/admin/api/mcp/servers", self.registry.http_url()),
+                "token": ADMIN,
+                "record": upstream_record(self.state.path(), &["add", "slow"]),
+            },
+        });
+        config
+            .as_object_mut()
+            .expect("object")
+            .extend(transport.as_object().expect("object").clone());
+        config
+    }
+}
+
+/// Runs the Python client with `config`; returns its report.
+async fn run_client(config: &Value) -> Value {
+    let mut command = tokio::process::Command::new(sdk_python());
+    command
+        .arg(peer("gateway_client.py"))
+        .arg(config.to_string())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(180), command.output())
+        .await
+        .expect("the Python client finished within 180 s")
+        .expect("the Python client ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "client failed ({}): {stdout}\n{stderr}",
+        output.status
+    );
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|err| panic!("report {stdout:?}: {err}\n{stderr}"))
+}
+
+fn text_of(content: &Value) -> String {
+    content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What every endpoint and transport must show (the names differ).
+fn check_report(report: &Value, catalog: bool) {
+    check_report_but(report, catalog, &[]);
+}
+
+/// [`check_report`] without the steps in `skipped`.
+fn check_report_but(report: &Value, catalog: bool, skipped: &[&str]) {
+    eprintln!("report: {report:#}");
+    let name = |tool: &str| {
+        if catalog {
+            injected("py", tool)
+        } else {
+            tool.to_owned()
+        }
+    };
+    let tools = report["tools"].as_array().expect("tools listed");
+    let add = tools
+        .iter()
+        .find(|t| t["name"] == name("add"))
+        .unwrap_or_else(|| panic!("add listed: {tools:?}"));
+    // Passed through: description, schemas, annotations; the title too,
+    // prefixed with the server on the catalog endpoint.
+    assert_eq!(add["annotations"]["readOnlyHint"], true);
+    assert_eq!(
+        add["outputSchema"]["properties"]["total"]["type"],
+        "integer"
+    );
+    assert_eq!(add["description"], "Adds a and b.");
+    let title = if catalog {
+        "py · Add two numbers"
+    } else {
+        "Add two numbers"
+    };
+    assert_eq!(add["title"], title);
+    assert_eq!(report["add"]["structuredContent"], json!({"total": 5}));
+    assert_eq!(report["add"]["isError"], false);
+    assert_eq!(report["fail"]["isError"], true, "{}", report["fail"]);
+    assert!(
+        report["unknown_tool"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown tool")),
+        "{}",
+        report["unknown_tool"]
+    );
+    // Resources and prompts through the record's allow lists.
+    assert_eq!(report["resources"], json!(["notes://public"]));
+    assert_eq!(text_of(&report["read_public"]), "a public note");
+    assert!(
+        report["read_secret"]["error"].is_string(),
+        "{}",
+        report["read_secret"]
+    );
+    let prompts: Vec<&str> = report["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(prompts, [name("greet")]);
+    assert!(
+        report["greet"].to_string().contains("Hello, Ada!"),
+        "{}",
+        report["greet"]
+    );
+    // Progress of the upstream reaches the client.
+    assert!(
+        report["progress"]["progress"].as_u64().unwrap_or(0) >= 5,
+        "{}",
+        report["progress"]
+    );
+    // A cancelled call is cancelled upstream and its slot freed (the
+    // record allows one call at a time).
+    if !skipped.contains(&"cancel") {
+        let cancel = &report["cancel"];
+        let saw = cancel["upstream_saw_cancel_after_s"].as_f64();
+        assert!(saw.is_some_and(|s| s < 5.0), "{cancel}");
+        assert_eq!(
+            cancel["next_call"]["structuredContent"],
+            json!({"total": 2}),
+            "{cancel}"
+        );
+    }
+    // The upstream's own tools/list_changed reaches the client, and the
+    // next listing has the new tool.
+    if !skipped.contains(&"upstream_changed") {
+        let grown = &report["upstream_changed"];
+        assert_eq!(grown["notified"], true, "{grown}");
+        assert!(
+            grown["tools"]
+                .as_array()
+                .expect("tools")
+                .iter()
+                .any(|t| *t == name("grown")),
+            "{grown}"
+        );
+    }
+    // An admin edit reaches the open session as tools/list_changed.
+    let changed = &report["list_changed"];
+    assert_eq!(changed["status"], 200, "{changed}");
+    assert_eq!(changed["notified"], true, "{changed}");
+    assert!(
+        !changed["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .any(|t| *t == name("fail")),
+        "{changed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_uses_one_server_as_itself() {
+    let stack = Stack::start().await;
+    let config = stack.client_config(
+        json!({"transport": "http", "url": format!("{}/mcp/py", stack.worker.url()), "token": CALLER}),
+        false,
+    );
+    let report = run_client(&config).await;
+    assert_eq!(report["initialize"]["server"], "python-upstream");
+    assert_eq!(
+        report["initialize"]["instructions"],
+        "a test server behind the gateway"
+    );
+    check_report(&report, false);
+    // Metrics and the audit line with the MCP session id.
+    let metrics = format!("{}/metrics", stack.worker.url());
+    assert!(
+        metric_sum(
+            &metrics,
+            "mcp_gateway_requests_total",
+            &["method=\"tools/call\"", "status=\"200\""]
+        )
+        .await
+            >= 5.0
+    );
+    let audit = stack.worker.logged_lines("mcp tool call");
+    assert!(
+        audit.iter().any(|line| line.contains("\"session_id\":\"") && !line.contains("\"session_id\":\"\"")),
+        "{audit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_uses_the_whole_catalog() {
+    let stack = Stack::start().await;
+    let config = stack.client_config(
+        json!({"transport": "http", "url": format!("{}/mcp", stack.worker.url()), "token": CALLER}),
+        true,
+    );
+    let report = run_client(&config).await;
+    assert_eq!(report["initialize"]["server"], "quiver-gateway");
+    check_report(&report, true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_client_over_stdio_through_mcp_stdio() {
+    let stack = Stack::start().await;
+    let config = stack.client_config(
+        json!({
+            "transport": "stdio",
+            "command": quiver_bin(),
+            "args": ["mcp-stdio", "--worker", stack.worker.url(), "--server", "py"],
+            "env": {"QUIVER_TOKEN": CALLER},
+        }),
+        false,
+    );
+    let report = run_client(&config).await;
+    assert_eq!(report["initialize"]["server"], "python-upstream");
+    check_report(&report, false);
+}
+
+/// A plain HTTP load balancer: each request goes to the next backend in
+/// turn (responses, SSE streams included, are streamed back).
+async fn round_robin(backends: Vec<String>) -> (String, Arc<AtomicUsize>) {
+    use axum::body::Body;
+    use axum::extract::Request;
+    use axum::response::Response;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind balancer");
+    let addr = listener.local_addr().expect("addr");
+    let next = Arc::new(AtomicUsize::new(0));
+    let counter = next.clone();
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |request: Request| {
+        let backend = backends[counter.fetch_add(1, Ordering::Relaxed) % backends.len()].clone();
+        let client = client.clone();
+        async move {
+            let (parts, body) = request.into_parts();
+            let url = format!(
+                "{backend}{}",
+                parts.uri.path_and_query().map_or("/", |p| p.as_str())
+            );
+            let body = axum::body::to_bytes(body, 16 << 20)
+                .await
+                .unwrap_or_default();
+            let mut forwarded = client.request(parts.method, url).body(body);
+            for (name, value) in &parts.headers {
+                if name != "host" && name != "content-length" {
+                    forwarded = forwarded.header(name, value);
+                }
+            }
+            match forwarded.send().await {
+                Ok(upstream) => {
+                    let mut response = Response::builder().status(upstream.status());
+                    for (name, value) in upstream.headers() {
+                        response = response.header(name, value);
+                    }
+                    response
+                        .body(Body::from_stream(upstream.bytes_stream()))
+                        .expect("response")
+                }
+                Err(err) => Response::builder()
+                    .status(502)
+                    .body(Body::from(err.to_string()))
+                    .expect("response"),
+            }
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), next)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_alternating_between_two_workers_keeps_its_session() {
+    let stack = Stack::start().await;
+    // Same registry token, so the same session-signing key (no extra setup).
+    let second =
+        WorkerProcess::start(&stack.registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
+    let (balancer, requests) = round_robin(vec![stack.worker.url(), second.url()]).await;
+    // Two steps depend on which worker a request lands on, not on the
+    // session: a `notifications/cancelled` is applied by the worker it
+    // reaches (the call may run on the other one), and each worker runs its
+    // own process of a stdio server, so a tool one of them adds at run time
+    // is not on the other (docs/reference.md §13.4). Registry edits reach
+    // the session whichever worker holds its stream.
+    let skipped = ["cancel", "upstream_changed"];
+    let config = stack.client_config(
+        json!({"transport": "http", "url": format!("{balancer}/mcp/py"), "token": CALLER, "skip": skipped}),
+        false,
+    );
+    let report = run_client(&config).await;
+    check_report_but(&report, false, &skipped);
+    let sent = requests.load(Ordering::Relaxed);
+    assert!(sent >= 10, "{sent} requests through the balancer");
+    // Both workers served the session: each counted tool calls.
+    for worker in [&stack.worker, &second] {
+        let calls = metric_sum(
+            &format!("{}/metrics", worker.url()),
+            "mcp_gateway_requests_total",
+            &[],
+        )
+        .await;
+        assert!(calls >= 5.0, "{} served {calls} requests", worker.url());
+        assert!(
+            worker.logged_lines("Session not found").is_empty(),
+            "{}",
+            worker.log_tail()
+        );
+    }
+}
+
+/// A raw JSON-RPC POST to `url`.
+async fn post(
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_owned());
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.expect("POST")
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoints_refuse_what_they_must() {
+    let stack = Stack::start().await;
+    let url = format!("{}/mcp/py", stack.worker.url());
+
+    // No token: 401 with the challenge the MCP authorization spec asks for,
+    // pointing at metadata that is served.
+    let response = post(&url, None, &[], INITIALIZE).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let challenge = response.headers()["www-authenticate"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(
+        challenge.starts_with("Bearer resource_metadata=\""),
+        "{challenge}"
+    );
+    let metadata_url = challenge
+        .trim_start_matches("Bearer resource_metadata=\"")
+        .trim_end_matches('"');
+    let metadata: Value = reqwest::get(metadata_url)
+        .await
+        .expect("GET metadata")
+        .json()
+        .await
+        .expect("metadata JSON");
+    assert_eq!(metadata["bearer_methods_supported"], json!(["header"]));
+
+    // DNS rebinding: a foreign Host or Origin is refused, token or not.
+    for headers in [
+        [("host", "evil.example.com")],
+        [("origin", "http://evil.example.com")],
+    ] {
+        let response = post(&url, Some(CALLER), &headers, INITIALIZE).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        let body: Value = response.json().await.expect("error JSON");
+        assert_eq!(body["error"]["code"], "forbidden_origin");
+    }
+
+    // A session: its id works for its caller only.
+    let response = post(&url, Some(CALLER), &[], INITIALIZE).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let session = response.headers()["mcp-session-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let _ = response.text().await;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let with_session = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert!(
+        post(&url, Some(CALLER), &with_session, initialized)
+            .await
+            .status()
+            .is_success()
+    );
+    let listed = post(&url, Some(CALLER), &with_session, list).await;
+    assert_eq!(listed.status(), StatusCode::OK);
+    assert!(listed.text().await.expect("body").contains("\"add\""));
+    // Another endpoint, or a forged id: 404 (initialize again).
+    let other_endpoint = post(
+        &format!("{}/mcp", stack.worker.url()),
+        Some(CALLER),
+        &with_session,
+        list,
+    )
+    .await;
+    assert_eq!(other_endpoint.status(), StatusCode::NOT_FOUND);
+    let forged = format!("{session}x");
+    let forged = post(
+        &url,
+        Some(CALLER),
+        &[("mcp-session-id", forged.as_str())],
+        list,
+    )
+    .await;
+    assert_eq!(forged.status(), StatusCode::NOT_FOUND);
+
+    // Bad JSON-RPC: the transport's errors, the worker keeps serving.
+    for body in [
+        "{not json",
+        r#"{"jsonrpc":"2.0","id":3,"method":"no/such/method"}"#,
+    ] {
+        let response = post(&url, Some(CALLER), &with_session, body).await;
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        assert!(
+            status == StatusCode::BAD_REQUEST || text.contains("-32601") || text.contains("-32700"),
+            "{body}: {status} {text}"
+        );
+    }
+    // Over the body limit: 413, named.
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"add","arguments":{{"pad":"{}"}}}}}}"#,
+        "x".repeat(3 << 20)
+    );
+    let response = post(&url, Some(CALLER), &with_session, &huge).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, _) = stack.worker.readyz().await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_beyond_the_cap_are_refused_and_open_ones_keep_working() {
+    let stack = Stack::start().await;
+    let capped = WorkerProcess::start(
+        &stack.registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--mcp-max-sessions", "1"],
+    )
+    .await;
+    let url = format!("{}/mcp/py", capped.url());
+    let first = post(&url, Some(CALLER), &[], INITIALIZE).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let session = first.headers()["mcp-session-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let _ = first.text().await;
+    let second = post(&url, Some(CALLER), &[], INITIALIZE).await;
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = second.json().await.expect("error JSON");
+    assert_eq!(body["error"]["code"], "mcp_unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_sessions = 1")),
+        "{body}"
+    );
+    // The open session is unaffected.
+    let with_session = [
+        ("mcp-session-id", session.as_str()),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert!(
+        post(&url, Some(CALLER), &with_session, initialized)
+            .await
+            .status()
+            .is_success()
+    );
+    let listed = post(
+        &url,
+        Some(CALLER),
+        &with_session,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await;
+    assert_eq!(listed.status(), StatusCode::OK);
+}
