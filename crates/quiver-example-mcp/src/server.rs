@@ -36,8 +36,11 @@ use rmcp::{
     },
     model::{
         CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-        DiscoverResult, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
-        ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities,
+        DiscoverResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation,
+        InitializeRequestParams, InitializeResult, JsonObject, ListPromptsResult,
+        ListResourcesResult, ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument,
+        PromptMessage, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+        ReadResourceResult, Resource, ResourceContents, ResultType, Role, ServerCapabilities,
         ServerConfig, Tool,
     },
     service::RequestContext,
@@ -45,6 +48,13 @@ use rmcp::{
 };
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+
+/// URI of the server's one resource.
+pub const README_URI: &str = "example://readme";
+/// Its text.
+const README: &str = "The bundled example MCP server of Quiver: tools echo, add, counter, image and sleep, this resource and the prompt \"greeting\".";
+/// Name of the server's one prompt.
+pub const GREETING: &str = "greeting";
 
 /// Name the server reports in `initialize`.
 pub const SERVER_NAME: &str = "quiver-testkit";
@@ -547,8 +557,14 @@ impl TestServer {
 #[tool_handler(router = self.router)]
 impl ServerHandler for TestServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION")))
     }
 
     async fn initialize(
@@ -581,6 +597,73 @@ impl ServerHandler for TestServer {
         let _guard = (request.name != "stats").then(|| self.state.enter());
         let call = ToolCallContext::new(self, request, context);
         self.router.call(call).await
+    }
+
+    /// One resource, so that `quiver dev` shows the gateway's resources.
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(vec![
+            Resource::new(README_URI, "readme")
+                .with_title("About this server")
+                .with_mime_type("text/plain"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        if request.uri != README_URI {
+            return Err(McpError::resource_not_found(
+                format!("no resource {:?}", request.uri),
+                None,
+            ));
+        }
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(README, README_URI)]).into())
+    }
+
+    /// One prompt with an argument, likewise.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        Ok(ListPromptsResult::with_all_items(vec![
+            Prompt::new(
+                GREETING,
+                Some("Asks for a greeting of someone"),
+                Some(vec![PromptArgument::new("name").with_required(true)]),
+            )
+            .with_title("Greeting"),
+        ]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        if request.name != GREETING {
+            return Err(McpError::invalid_params(
+                format!("no prompt {:?}", request.name),
+                None,
+            ));
+        }
+        let name = request
+            .arguments
+            .as_ref()
+            .and_then(|arguments| arguments.get("name"))
+            .and_then(|name| name.as_str())
+            .ok_or_else(|| McpError::invalid_params("argument \"name\" is required", None))?;
+        Ok(GetPromptResult::new(vec![PromptMessage::new_text(
+            Role::User,
+            format!("Please greet {name} warmly."),
+        )])
+        .into())
     }
 
     async fn list_tools(
