@@ -81,6 +81,22 @@ fi
 export QUIVER_TEST_NODE="$node_bin"
 export QUIVER_TEST_CONFORMANCE="$conformance_pkg/dist/index.js"
 
+# The npm reference server @modelcontextprotocol/server-everything (tool
+# search and artifact tests), pinned like the benchmarks' copy
+# (quiver_testkit::bench_servers::EVERYTHING_VERSION), into target/npm-servers.
+EVERYTHING_VERSION=2026.8.31
+everything_pkg="$PWD/target/npm-servers/node_modules/@modelcontextprotocol/server-everything"
+if [ "$("$node_bin" -p "require('$everything_pkg/package.json').version" 2>/dev/null)" = "$EVERYTHING_VERSION" ]; then
+  echo "using @modelcontextprotocol/server-everything@$EVERYTHING_VERSION in target/npm-servers"
+else
+  echo "installing @modelcontextprotocol/server-everything@$EVERYTHING_VERSION into target/npm-servers"
+  mkdir -p target/npm-servers
+  PATH="$node_dir:$PATH" "$node_bin" "$node_dir/../lib/node_modules/npm/bin/npm-cli.js" install \
+    --silent --no-audit --no-fund --save-exact --prefix target/npm-servers \
+    "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION"
+fi
+export QUIVER_TEST_EVERYTHING="$everything_pkg/dist/index.js"
+
 # The web admin's browser test (tests/e2e/web_admin.rs runs
 # tests/web/admin.spec.mjs): Debian's Chromium, driven by the pinned
 # playwright-core from tests/web/package-lock.json (never a downloaded browser).

@@ -897,6 +897,28 @@ pub fn stdio_record(server_id: &str, allowed: &[&str]) -> serde_json::Value {
     })
 }
 
+/// A record of the npm reference server `@modelcontextprotocol/server-everything`
+/// (installed by scripts/test.sh, run by the Node it installs) over stdio.
+pub fn everything_record(server_id: &str, allowed: &[&str]) -> serde_json::Value {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: run the tests with scripts/test.sh, which installs Node 24 \
+                 and @modelcontextprotocol/server-everything and exports it"
+            )
+        })
+    };
+    serde_json::json!({
+        "server_id": server_id,
+        "transport": "stdio",
+        "stdio": {
+            "command": var("QUIVER_TEST_NODE"),
+            "args": [var("QUIVER_TEST_EVERYTHING"), "stdio"],
+        },
+        "allowed_tools": allowed,
+    })
+}
+
 /// A registry on `db_url` with the e2e tokens (gRPC on `grpc` when given,
 /// else ephemeral).
 pub async fn registry(db_url: &str, grpc: Option<SocketAddr>) -> RegistryProcess {

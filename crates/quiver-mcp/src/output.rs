@@ -8,10 +8,12 @@
 //! 1. `content` items, in order. A text item counts its UTF-8 bytes plus the
 //!    JSON of its own `_meta` and annotations; when it does not fit, its
 //!    text is cut at a character boundary (its `_meta` and annotations are
-//!    dropped). Every other item (image, audio, resource, link) counts its
-//!    JSON size and is kept whole or dropped: binary data cut in half would
-//!    be corrupt. An `isError` result's message is its content, counted
-//!    the same way.
+//!    dropped). Image and audio items count nothing and are always kept:
+//!    their bytes are bounded by the worker's artifact limits instead
+//!    (`[artifacts] max_item_bytes`, docs/reference.md §13.2). Every other
+//!    item (resource, link) counts its JSON size and is kept whole or
+//!    dropped: binary data cut in half would be corrupt. An `isError`
+//!    result's message is its content, counted the same way.
 //! 2. `structuredContent`: its JSON size; kept whole if it fits in what is
 //!    left, else dropped (a cut JSON value would not be the server's).
 //! 3. The result's `_meta`: the same as `structuredContent`.
@@ -20,9 +22,9 @@
 //! words, not counted) says what and how much. A JSON-RPC error answer's
 //! message is server text too: [`cap_service_error`] cuts it to the cap.
 //!
-//! [`OutputSize::original`] is the size of every part as the server sent
-//! it (what the `mcp_tool_call_output_bytes` metric records), not what was
-//! kept.
+//! [`OutputSize::original`] is the size of every counted part as the
+//! server sent it (what the `mcp_tool_call_output_bytes` metric records),
+//! not what was kept.
 
 use std::io;
 
@@ -56,8 +58,15 @@ fn size_of(content: &ContentBlock) -> usize {
                 + text.meta.as_ref().map_or(0, json_len)
                 + text.annotations.as_ref().map_or(0, json_len)
         }
+        _ if is_binary(content) => 0,
         _ => json_len(content),
     }
+}
+
+/// Whether `content` is an image or audio item: not counted against the
+/// cap, never cut or dropped by it.
+pub fn is_binary(content: &ContentBlock) -> bool {
+    matches!(content, ContentBlock::Image(_) | ContentBlock::Audio(_))
 }
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a
@@ -142,8 +151,12 @@ pub fn enforce_cap(result: &mut CallToolResult, max_bytes: usize) -> OutputSize 
 fn cap_content(items: Vec<ContentBlock>, budget: &mut usize) -> Vec<ContentBlock> {
     let mut kept = Vec::with_capacity(items.len());
     for item in items {
+        if is_binary(&item) {
+            kept.push(item);
+            continue;
+        }
         if *budget == 0 {
-            break;
+            continue;
         }
         let size = size_of(&item);
         if size <= *budget {
@@ -222,15 +235,40 @@ mod tests {
     }
 
     #[test]
-    fn binary_items_are_dropped_whole() {
+    fn images_and_audio_do_not_count_and_are_kept_whole() {
         let mut result = CallToolResult::success(vec![
             ContentBlock::text("abc"),
+            ContentBlock::image("aGVsbG8gd29ybGQ=".repeat(100), "image/png"),
+            ContentBlock::audio("AAAA".repeat(100), "audio/wav"),
+        ]);
+        let size = enforce_cap(&mut result, 5);
+        assert_eq!((size.original, size.kept), (3, 3));
+        assert_eq!(result.content.len(), 3);
+
+        // Over the cap: the text is cut, the binary items stay.
+        let mut result = CallToolResult::success(vec![
+            ContentBlock::text("abcdefgh"),
             ContentBlock::image("aGVsbG8gd29ybGQ=", "image/png"),
+            ContentBlock::text("more text"),
+        ]);
+        let size = enforce_cap(&mut result, 5);
+        assert_eq!((size.original, size.kept), (17, 5));
+        let texts = text_of(&result);
+        assert_eq!(texts[0], "abcde");
+        assert!(result.content[1].as_image().is_some());
+        assert!(texts[1].contains("truncated to 5 of 17"), "{texts:?}");
+    }
+
+    #[test]
+    fn resources_are_dropped_whole() {
+        let mut result = CallToolResult::success(vec![
+            ContentBlock::text("abc"),
+            ContentBlock::embedded_text("file:///x", "a resource text"),
         ]);
         let size = enforce_cap(&mut result, 5);
         assert_eq!(size.kept, 3);
         assert_eq!(result.content.len(), 2);
-        assert!(result.content[0].as_text().is_some());
+        assert!(result.content[1].as_text().is_some());
     }
 
     /// What an `mcp` 2.x server sends for a `str` result: the text twice.

@@ -76,6 +76,28 @@ pub struct Task {
     pub policy: Arc<CompiledTaskPolicy>,
 }
 
+/// Which configured credential a caller presented: the owner of the
+/// artifacts its calls produce (`crate::artifacts`). Two tokens of the same
+/// task are two callers; callers without a token (`--insecure-no-auth`)
+/// are one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallerId(u32);
+
+impl CallerId {
+    /// The caller without a token.
+    pub const ANONYMOUS: CallerId = CallerId(u32::MAX);
+
+    /// A short opaque form, for signed artifact URLs (not secret).
+    pub fn tag(self) -> String {
+        self.0.to_string()
+    }
+
+    /// The caller of [`tag`](Self::tag).
+    pub fn from_tag(tag: &str) -> Option<Self> {
+        tag.parse().ok().map(CallerId)
+    }
+}
+
 /// Maps presented tokens to tasks.
 #[derive(Clone)]
 pub struct Callers {
@@ -129,11 +151,60 @@ impl Callers {
 
     /// The task of an `Authorization` header value; `None` when refused.
     pub fn authenticate(&self, authorization: Option<&str>) -> Option<Task> {
+        self.identify(authorization).map(|(task, _)| task)
+    }
+
+    /// The task and the credential of an `Authorization` header value;
+    /// `None` when refused.
+    pub fn identify(&self, authorization: Option<&str>) -> Option<(Task, CallerId)> {
         if let Some(token) = bearer(authorization)
-            && let Some((_, task)) = self.tokens.iter().find(|(digest, _)| digest.matches(token))
+            && let Some(at) = self
+                .tokens
+                .iter()
+                .position(|(digest, _)| digest.matches(token))
         {
-            return Some(task.clone());
+            let id = CallerId(u32::try_from(at).unwrap_or(u32::MAX - 1));
+            return Some((self.tokens[at].1.clone(), id));
         }
-        self.anonymous.clone()
+        self.anonymous
+            .clone()
+            .map(|task| (task, CallerId::ANONYMOUS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_token_is_its_own_caller() {
+        let caller = |token: &str| CallerToken {
+            token: token.into(),
+            task: DEFAULT_TASK.into(),
+        };
+        let config = CallersConfig {
+            callers: vec![caller("a"), caller("b")],
+            ..Default::default()
+        };
+        let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let callers = Callers::new(&config, listen).unwrap();
+        let (task_a, a) = callers.identify(Some("Bearer a")).unwrap();
+        let (task_b, b) = callers.identify(Some("Bearer b")).unwrap();
+        assert_eq!(task_a.name, task_b.name);
+        assert_ne!(a, b);
+        assert_eq!(callers.identify(Some("Bearer a")).unwrap().1, a);
+        assert!(callers.identify(Some("Bearer c")).is_none());
+        assert!(callers.identify(None).is_none());
+        assert_eq!(CallerId::from_tag(&a.tag()), Some(a));
+
+        let open = Callers::new(
+            &CallersConfig {
+                insecure_no_auth: true,
+                ..Default::default()
+            },
+            listen,
+        )
+        .unwrap();
+        assert_eq!(open.identify(None).unwrap().1, CallerId::ANONYMOUS);
     }
 }

@@ -13,6 +13,7 @@ use quiver_upstream::{Upstream, UpstreamConfigError, UpstreamOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::{ArtifactOptions, ArtifactStore};
 use crate::audit::AuditOptions;
 use crate::auth::{Callers, CallersConfig, CallersError};
 use crate::call::ToolRunner;
@@ -53,6 +54,8 @@ pub struct WorkerOptions {
     pub listener: ListenerOptions,
     /// The MCP endpoints (gateway mode).
     pub gateway: GatewayOptions,
+    /// The artifact store of images and audio in results.
+    pub artifacts: ArtifactOptions,
 }
 
 /// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
@@ -83,6 +86,7 @@ impl Default for WorkerOptions {
             tls: None,
             listener: ListenerOptions::default(),
             gateway: GatewayOptions::default(),
+            artifacts: ArtifactOptions::default(),
         }
     }
 }
@@ -142,8 +146,18 @@ impl Worker {
         let sync = SyncService::new(options.sync.clone())?
             .with_health_source(Arc::new(PoolHealth(pool.clone())));
         let upstream = options.upstream.clone().map(Upstream::new).transpose()?;
+        let mut artifacts = options.artifacts.clone();
+        if artifacts.public_url.is_none() {
+            let scheme = if options.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            artifacts.public_url = Some(format!("{scheme}://{addr}"));
+        }
         let runner = ToolRunner::new(pool, options.audit.clone(), options.catalog_wait)
-            .with_approvals(sync.approvals());
+            .with_approvals(sync.approvals())
+            .with_artifacts(Arc::new(ArtifactStore::new(artifacts)));
         let gateway = Gateway::new(
             runner.clone(),
             sync.handle(),

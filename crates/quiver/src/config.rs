@@ -102,9 +102,55 @@ pub struct WorkerFile {
     /// Egress allowlist of the HTTP transports.
     #[serde(default)]
     pub egress: EgressSection,
+    /// The artifact store (images and audio of tool results).
+    #[serde(default)]
+    pub artifacts: ArtifactsSection,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
+}
+
+/// `[artifacts]` of the worker config: the store of images and audio of
+/// tool results, and how vision requests refer to them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactsSection {
+    /// Bytes of every artifact together; the oldest go first beyond.
+    pub max_total_bytes: Option<NonZeroUsize>,
+    /// Bytes of one artifact; a bigger item becomes a note naming this.
+    pub max_item_bytes: Option<NonZeroUsize>,
+    /// How long an artifact is kept, in seconds.
+    pub ttl_secs: Option<NonZeroU64>,
+    /// `"data"` (a `data:` URL) or `"artifact"` (the artifact's signed URL).
+    pub vision_url: Option<quiver_worker::artifacts::VisionUrl>,
+    /// This worker's base URL as model providers reach it (for
+    /// `vision_url = "artifact"`).
+    pub public_url: Option<String>,
+}
+
+impl ArtifactsSection {
+    /// These settings over the defaults.
+    pub fn into_options(self) -> anyhow::Result<quiver_worker::artifacts::ArtifactOptions> {
+        let defaults = quiver_worker::artifacts::ArtifactOptions::default();
+        if let Some(url) = &self.public_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            anyhow::bail!("artifacts.public_url: must be an http:// or https:// URL, not {url:?}");
+        }
+        Ok(quiver_worker::artifacts::ArtifactOptions {
+            max_total_bytes: self
+                .max_total_bytes
+                .map_or(defaults.max_total_bytes, NonZeroUsize::get),
+            max_item_bytes: self
+                .max_item_bytes
+                .map_or(defaults.max_item_bytes, NonZeroUsize::get),
+            ttl: self
+                .ttl_secs
+                .map_or(defaults.ttl, |secs| Duration::from_secs(secs.get())),
+            vision_url: self.vision_url.unwrap_or(defaults.vision_url),
+            public_url: self.public_url.or(defaults.public_url),
+        })
+    }
 }
 
 /// `[upstream]` of the worker config.
@@ -738,5 +784,21 @@ mod tests {
                 Some(listener_defaults.idle_timeout)
             );
         }
+        let artifacts = worker.artifacts.into_options().unwrap();
+        let artifact_defaults = quiver_worker::artifacts::ArtifactOptions::default();
+        assert_eq!(
+            (
+                artifacts.max_total_bytes,
+                artifacts.max_item_bytes,
+                artifacts.ttl,
+                artifacts.vision_url
+            ),
+            (
+                artifact_defaults.max_total_bytes,
+                artifact_defaults.max_item_bytes,
+                artifact_defaults.ttl,
+                artifact_defaults.vision_url
+            )
+        );
     }
 }

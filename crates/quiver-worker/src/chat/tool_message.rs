@@ -193,11 +193,14 @@ fn escaped_prefix(text: &str, room: usize) -> &str {
     text
 }
 
-/// The result as text: text items as they are, other items as a short note,
-/// structured content as JSON when there is nothing else.
+/// The result as text: text items as they are, other items as a short note
+/// (images and audio are notes naming their artifact by now), and
+/// `structuredContent` as JSON when the server sent no text or the tool
+/// declared an `outputSchema` (not repeated when a text item already is
+/// that JSON). All of it counts against the byte budget.
 fn output_text(done: &CallDone) -> String {
     let result = &done.outcome.result;
-    let parts: Vec<String> = result
+    let mut parts: Vec<String> = result
         .content
         .iter()
         .map(|item| match item {
@@ -223,10 +226,18 @@ fn output_text(done: &CallDone) -> String {
             _ => "[unsupported content]".to_owned(),
         })
         .collect();
-    if parts.is_empty()
-        && let Some(structured) = &result.structured_content
+    if let Some(structured) = &result.structured_content
+        && (!done.server_text || done.tool.tool.output_schema.is_some())
     {
-        return structured.to_string();
+        let repeated = result.content.iter().any(|item| {
+            item.as_text().is_some_and(|text| {
+                serde_json::from_str::<Value>(&text.text).is_ok_and(|v| &v == structured)
+            })
+        });
+        if !repeated {
+            parts.retain(|part| !part.is_empty());
+            parts.push(structured.to_string());
+        }
     }
     parts.join("\n")
 }
@@ -236,6 +247,104 @@ mod tests {
     use quiver_mcp::McpError;
 
     use super::*;
+
+    fn done(
+        content: Vec<ContentBlock>,
+        structured: Option<Value>,
+        output_schema: bool,
+    ) -> CallDone {
+        use std::sync::Arc;
+
+        use quiver_mcp::{CallOutcome, CallToolResult, Tool};
+        use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
+
+        let mut tool = Tool::new("t", "a tool", Arc::new(serde_json::Map::new()));
+        if output_schema {
+            tool.output_schema = Some(Arc::new(serde_json::Map::new()));
+        }
+        let mut result = CallToolResult::success(content);
+        result.structured_content = structured;
+        let server_text = result
+            .content
+            .iter()
+            .any(|c| c.as_text().is_some_and(|t| !t.text.trim().is_empty()));
+        CallDone {
+            tool: crate::catalog::CatalogTool {
+                injected_name: "mcp__x__t".into(),
+                server: Arc::new(StoredServer {
+                    spec: McpServerSpec::new("x", Transport::Stdio),
+                    revision: 1,
+                    created_at: Default::default(),
+                    updated_at: Default::default(),
+                    updated_by: "test".into(),
+                    source: Source::Api,
+                }),
+                tool,
+                exposed_name: "t".into(),
+            },
+            outcome: CallOutcome {
+                result,
+                output: quiver_mcp::output::OutputSize {
+                    original: 0,
+                    kept: 0,
+                },
+                duration: std::time::Duration::ZERO,
+            },
+            artifacts: Vec::new(),
+            server_text,
+        }
+    }
+
+    #[test]
+    fn structured_content_reaches_the_model_without_text_or_with_an_output_schema() {
+        let structured = json!({"temperature": 21});
+        // No content, or only empty text: the JSON.
+        for content in [vec![], vec![ContentBlock::text("")]] {
+            let message =
+                ToolMessage::output(&done(content, Some(structured.clone()), false), 1000);
+            assert_eq!(message.content, r#"{"temperature":21}"#);
+            assert_eq!(message.output_bytes, message.content.len() as u64);
+        }
+        // Text and no schema: the text only.
+        let message = ToolMessage::output(
+            &done(
+                vec![ContentBlock::text("21 degrees")],
+                Some(structured.clone()),
+                false,
+            ),
+            1000,
+        );
+        assert_eq!(message.content, "21 degrees");
+        // A declared outputSchema: both, counted.
+        let message = ToolMessage::output(
+            &done(
+                vec![ContentBlock::text("21 degrees")],
+                Some(structured.clone()),
+                true,
+            ),
+            1000,
+        );
+        assert_eq!(message.content, "21 degrees\n{\"temperature\":21}");
+        assert_eq!(message.output_bytes, message.content.len() as u64);
+        // ... unless the text already is that JSON.
+        let message = ToolMessage::output(
+            &done(
+                vec![ContentBlock::text(r#"{"temperature": 21}"#)],
+                Some(structured.clone()),
+                true,
+            ),
+            1000,
+        );
+        assert_eq!(message.content, r#"{"temperature": 21}"#);
+        // Over the budget: cut and marked like any output.
+        let message = ToolMessage::output(
+            &done(vec![], Some(json!({"pad": "x".repeat(500)})), true),
+            300,
+        );
+        assert!(message.content.len() <= 300, "{}", message.content);
+        assert!(message.content.contains("xxxx"), "{}", message.content);
+        assert_eq!(message.status, "mcp_output_too_large");
+    }
 
     #[test]
     fn escaped_len_is_what_serde_json_writes() {

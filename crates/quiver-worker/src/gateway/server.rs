@@ -612,6 +612,7 @@ impl ServerHandler for GatewayServer {
                 attachment,
                 session: None,
             },
+            artifacts_owner: None,
         };
         let runner = &self.shared.runner;
         let run = async {

@@ -14,12 +14,13 @@ use crate::call::CallContext;
 use crate::chat::{Chat, ChatAnswer, ChatError, ChatStream};
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;
-use crate::http::extract::{Body, Caller, REQUEST_ID, RequestId, SessionId};
+use crate::http::extract::{Body, Caller, CallerKey, REQUEST_ID, RequestId, SessionId};
 use crate::http::state::ApiState;
 
 /// The handler; every answer carries the request id.
 pub async fn completions(
     Caller(task): Caller,
+    CallerKey(caller): CallerKey,
     State(state): State<ApiState>,
     RequestId(request_id): RequestId,
     SessionId(session_id): SessionId,
@@ -29,6 +30,7 @@ pub async fn completions(
     let context = CallContext {
         request_id,
         session_id,
+        artifacts_owner: Some(caller),
         ..Default::default()
     };
     let chat = Chat {

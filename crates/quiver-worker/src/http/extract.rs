@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use quiver_mcp::ErrorCode;
 
-use crate::auth::Task;
+use crate::auth::{CallerId, Task};
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;
 use crate::http::state::ApiState;
@@ -35,18 +35,48 @@ impl FromRequestParts<ApiState> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        state
+        let (task, id) = state
             .callers
-            .authenticate(authorization)
-            .map(Caller)
-            .ok_or_else(|| {
-                ErrorObject::new(
-                    ErrorCode::Unauthenticated,
-                    "missing or invalid bearer token",
-                )
-                .into()
-            })
+            .identify(authorization)
+            .ok_or_else(unauthenticated)?;
+        parts.extensions.insert(id);
+        Ok(Caller(task))
     }
+}
+
+fn unauthenticated() -> ApiError {
+    ErrorObject::new(
+        ErrorCode::Unauthenticated,
+        "missing or invalid bearer token",
+    )
+    .into()
+}
+
+/// Which credential the caller presented (the owner of its artifacts);
+/// refused like [`Caller`]. Taken after [`Caller`], it reuses its answer.
+pub struct CallerKey(pub CallerId);
+
+impl FromRequestParts<ApiState> for CallerKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        if let Some(id) = parts.extensions.get::<CallerId>() {
+            return Ok(CallerKey(*id));
+        }
+        caller_key(state, &parts.headers).map(CallerKey)
+    }
+}
+
+/// The credential of a request with `headers`, refused like [`Caller`].
+pub fn caller_key(state: &ApiState, headers: &HeaderMap) -> Result<CallerId, ApiError> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    state
+        .callers
+        .identify(authorization)
+        .map(|(_, id)| id)
+        .ok_or_else(unauthenticated)
 }
 
 /// The request's id: the caller's `x-request-id` if it is short printable

@@ -6,6 +6,7 @@
 //!   tool API, docs/reference.md §15);
 //! - [`chat`]: `POST /v1/chat/completions` (§9);
 //! - [`servers`]: `GET /v1/mcp/servers` (per-server health);
+//! - [`artifacts`]: `GET /v1/artifacts/{id}` (images and audio of results, §13.2);
 //! - [`mcp`]: `/mcp`, `/mcp/{server_id}` (gateway mode, §13.4);
 //! - [`sessions`]: `DELETE /v1/sessions/{session_id}` (per-session connections, §13.1);
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
@@ -24,6 +25,7 @@
 //! failure is a row of the `ErrorCode` table and a `From` into
 //! [`ErrorObject`](crate::error::ErrorObject).
 
+pub mod artifacts;
 pub mod chat;
 pub mod error;
 pub mod extract;

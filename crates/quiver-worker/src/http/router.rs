@@ -6,7 +6,7 @@ use axum::routing::{any, delete, get, post};
 
 use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
-use crate::http::{chat, fallback, mcp, ops, servers, sessions, tools};
+use crate::http::{artifacts, chat, fallback, mcp, ops, servers, sessions, tools};
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {
@@ -14,6 +14,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/mcp/tools", get(tools::list))
         .route("/v1/mcp/tools/call", post(tools::call))
         .route("/v1/mcp/servers", get(servers::list))
+        .route("/v1/artifacts/{id}", get(artifacts::get))
         .route("/v1/sessions/{session_id}", delete(sessions::end))
         .route("/v1/chat/completions", post(chat::completions))
         .route("/mcp", any(mcp::catalog))

@@ -198,6 +198,7 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         tls: args.tls.server_tls(file.tls, args.config.as_deref())?,
         listener: args.listener.options(file.listener),
         gateway,
+        artifacts: file.artifacts.into_options()?,
         ..defaults
     };
     let log = args.log.settings(file.log)?;
