@@ -7,6 +7,7 @@
 //! temporary directory. Nothing depends on state left by other tests or runs.
 
 mod approvals;
+mod artifacts;
 mod auth;
 mod chat;
 mod cli_and_bootstrap;
@@ -32,5 +33,6 @@ mod repo_rules;
 mod security;
 mod sessions;
 mod tls;
+mod tool_search;
 mod web_admin;
 mod worker;

@@ -15,6 +15,7 @@ pub mod policy;
 mod record;
 mod stored;
 pub mod token;
+pub mod tool_search;
 mod validate;
 
 pub use error::{FieldError, Format, ModelError};

@@ -33,6 +33,7 @@ use crate::naming::{
 };
 use crate::pattern::{PatternError, PatternSet};
 use crate::record::McpServerSpec;
+use crate::tool_search::{ToolSearchError, ToolSearchSetting};
 use crate::validate::is_valid_server_id;
 
 /// Patterns together with their text, so a rejection can quote the pattern.
@@ -180,6 +181,12 @@ pub struct TaskPolicy {
     pub model: Option<String>,
     /// Requested model → upstream model, used when `model` is unset.
     pub models: BTreeMap<String, String>,
+    /// Whether chat requests offer tool search instead of every tool,
+    /// unless the request says otherwise (`mcp.tool_search`).
+    pub tool_search: ToolSearchSetting,
+    /// Whether chat requests show tool images to the model, unless the
+    /// request says otherwise (`mcp.vision`).
+    pub vision: bool,
 }
 
 impl TaskPolicy {
@@ -215,6 +222,8 @@ impl TaskPolicy {
             budgets: SessionBudgets::for_task(&self.budgets)?,
             model: self.model.clone(),
             models: self.models.clone(),
+            tool_search: self.tool_search.max_tools()?,
+            vision: self.vision,
         })
     }
 }
@@ -229,6 +238,8 @@ pub struct CompiledTaskPolicy {
     budgets: SessionBudgets,
     model: Option<String>,
     models: BTreeMap<String, String>,
+    tool_search: Option<u32>,
+    vision: bool,
 }
 
 impl CompiledTaskPolicy {
@@ -243,7 +254,19 @@ impl CompiledTaskPolicy {
             budgets: SessionBudgets::default(),
             model: None,
             models: BTreeMap::new(),
+            tool_search: None,
+            vision: false,
         }
+    }
+
+    /// Whether chat requests show tool images to the model by default.
+    pub fn vision(&self) -> bool {
+        self.vision
+    }
+
+    /// Tools offered with tool search by default (`None`: search is off).
+    pub fn tool_search(&self) -> Option<u32> {
+        self.tool_search
     }
 
     /// The task's session budgets.
@@ -383,6 +406,9 @@ pub enum PolicyError {
     /// A session budget is invalid or above the task's.
     #[error("budgets.{0}")]
     Budget(#[from] BudgetError),
+    /// `tool_search.max_tools` is out of range.
+    #[error("tool_search.max_tools: {0}")]
+    ToolSearch(#[from] ToolSearchError),
     /// The request names servers the task does not allow; a request cannot
     /// widen the task policy.
     #[error(
@@ -405,6 +431,7 @@ impl PolicyError {
             | PolicyError::EmptyModel { field } => field,
             PolicyError::ServersNotAllowed { .. } => "server_ids",
             PolicyError::Budget(error) => error.field(),
+            PolicyError::ToolSearch(_) => "tool_search.max_tools",
         }
     }
 }

@@ -254,6 +254,8 @@ pub struct RecordedRequest {
     pub headers: HeaderMap,
     /// The body bytes (empty unless [`UpstreamOptions::record_bodies`]).
     pub raw: Bytes,
+    /// The size of the body in bytes, recorded even when the body is not.
+    pub size: usize,
     /// The body parsed as JSON; `Null` when it is not JSON or bodies are not
     /// recorded.
     pub body: Value,
@@ -473,6 +475,7 @@ async fn chat_completions(
 ) -> Response {
     let received_at = Instant::now();
     let shape = serde_json::from_slice::<RequestShape>(&raw);
+    let size = raw.len();
     let (raw, body) = match shared.options.record_bodies {
         true => {
             let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
@@ -483,6 +486,7 @@ async fn chat_completions(
     let (index, request) = shared.record(RecordedRequest {
         headers,
         raw,
+        size,
         body,
         received_at,
     });

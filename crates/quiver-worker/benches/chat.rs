@@ -40,9 +40,12 @@ use quiver_upstream::UpstreamOptions as WorkerUpstream;
 use quiver_worker::catalog::{Catalog, CatalogCache};
 use serde_json::{Value, json};
 
+#[path = "support/route.rs"]
+mod route;
 #[path = "support/stack.rs"]
 mod stack;
 
+use route::Route;
 use stack::{BenchResult, CALLER_TOKEN, Stack};
 
 const ANSWER: &str = "The answer is 42.";
@@ -111,34 +114,6 @@ impl Setup {
     }
 }
 
-/// One way of getting the answer: a chat request posted to `url`.
-struct Route {
-    client: reqwest::Client,
-    url: String,
-    bearer: Option<&'static str>,
-    body: Vec<u8>,
-}
-
-impl Route {
-    async fn call(&self) -> BenchResult<()> {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .header("content-type", "application/json")
-            .body(self.body.clone());
-        if let Some(token) = self.bearer {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        let answer: Value = response.json().await?;
-        if !status.is_success() || answer["choices"][0]["message"]["content"] != ANSWER {
-            return Err(format!("unexpected answer {status}: {answer}").into());
-        }
-        Ok(())
-    }
-}
-
 fn caller_body(mcp: bool) -> Vec<u8> {
     let mut body = json!({
         "model": "bench-model",
@@ -192,18 +167,21 @@ async fn run(config: Config) -> BenchResult<()> {
         client: client.clone(),
         url: format!("{}/chat/completions", setup.upstream.base_url()),
         bearer: None,
+        answer: ANSWER,
         body: caller_body(false),
     };
     let pass_through = Route {
         client: client.clone(),
         url: format!("{worker_url}/v1/chat/completions"),
         bearer: Some(CALLER_TOKEN),
+        answer: ANSWER,
         body: caller_body(false),
     };
     let with_mcp = Route {
         client,
         url: format!("{worker_url}/v1/chat/completions"),
         bearer: Some(CALLER_TOKEN),
+        answer: ANSWER,
         body: caller_body(true),
     };
     // What the worker sends upstream with MCP on, posted directly: the part
@@ -230,6 +208,7 @@ async fn run(config: Config) -> BenchResult<()> {
         client: direct.client.clone(),
         url: direct.url.clone(),
         bearer: None,
+        answer: ANSWER,
         body: serde_json::to_vec(&big_body)?,
     };
     let routes = [&direct, &pass_through, &with_mcp, &direct_big];

@@ -15,11 +15,13 @@ use quiver_sync::{CallBinding, RegistryApprovals, Snapshot};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::artifacts::{Artifact, ArtifactStore};
 use crate::audit::AuditOptions;
-use crate::auth::Task;
+use crate::auth::{CallerId, Task};
 use crate::catalog::{Catalog, CatalogCache, CatalogTool};
 use crate::error::ErrorObject;
 use crate::schema::SchemaCache;
+use crate::tool_search::{ToolIndex, ToolIndexCache};
 
 /// A request to run one tool.
 #[derive(Debug, Clone, Deserialize)]
@@ -112,8 +114,15 @@ impl From<&CallError> for ErrorObject {
 pub struct CallDone {
     /// What was called.
     pub tool: CatalogTool,
-    /// The answer, output cap applied.
+    /// The answer, output cap applied; its image and audio items replaced
+    /// by notes when they went to the artifact store.
     pub outcome: CallOutcome,
+    /// What went to the artifact store, in content order.
+    pub artifacts: Vec<Artifact>,
+    /// Whether the server's content had any non-empty text (before images
+    /// and audio became notes): without it, `structuredContent` is what
+    /// the model reads.
+    pub server_text: bool,
 }
 
 impl CallDone {
@@ -153,7 +162,9 @@ impl CallDone {
     }
 }
 
-fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
+/// A call's arguments as an object: absent is empty, a JSON string (as
+/// models write them) is parsed.
+pub fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallError> {
     match arguments {
         None | Some(Value::Null) => Ok(JsonObject::new()),
         Some(Value::Object(map)) => Ok(map),
@@ -201,6 +212,10 @@ pub struct CallContext {
     /// The caller's `_meta` and, for an MCP client, where the server's
     /// traffic about the call goes (see `quiver_mcp::relay`).
     pub relay: CallOptions,
+    /// The caller whose artifact store gets the result's images and audio
+    /// (tool API, chat); `None` keeps them inline within the per-item
+    /// limit (gateway clients).
+    pub artifacts_owner: Option<CallerId>,
 }
 
 impl CallContext {
@@ -221,10 +236,14 @@ pub struct ToolRunner {
     pool: McpPool,
     catalogs: Arc<CatalogCache>,
     catalog_wait: Duration,
+    /// Search indexes of the catalogs requests used (tool search).
+    indexes: Arc<ToolIndexCache>,
     schemas: Arc<SchemaCache>,
     audit: Arc<AuditOptions>,
     /// The registry's approvals, for tool API calls of tools that need one.
     approvals: Option<RegistryApprovals>,
+    /// Images and audio of results.
+    artifacts: Arc<ArtifactStore>,
 }
 
 impl ToolRunner {
@@ -235,10 +254,23 @@ impl ToolRunner {
             pool,
             catalogs: Arc::default(),
             catalog_wait,
+            indexes: Arc::default(),
             schemas: Arc::default(),
             audit: Arc::new(audit),
             approvals: None,
+            artifacts: Arc::default(),
         }
+    }
+
+    /// Keeps the images and audio of results in `artifacts`.
+    pub fn with_artifacts(mut self, artifacts: Arc<ArtifactStore>) -> Self {
+        self.artifacts = artifacts;
+        self
+    }
+
+    /// The artifact store.
+    pub fn artifacts(&self) -> &Arc<ArtifactStore> {
+        &self.artifacts
     }
 
     /// Asks `approvals` for the approvals of tool API calls.
@@ -274,6 +306,11 @@ impl ToolRunner {
             Some(self.catalog_wait_for(snapshot, only)),
         )
         .await
+    }
+
+    /// The search index of `catalog`, built once per catalog contents.
+    pub fn tool_index(&self, catalog: &Catalog) -> Arc<ToolIndex> {
+        self.indexes.get_or_build(catalog)
     }
 
     /// How long a catalog restricted to `only` waits for a server's tools.
@@ -499,9 +536,23 @@ impl ToolRunner {
             arguments = %logged_arguments,
             "mcp tool call"
         );
+        let mut outcome = result?;
+        let server_text =
+            outcome.result.content.iter().any(
+                |item| matches!(item, ContentBlock::Text(text) if !text.text.trim().is_empty()),
+            );
+        let artifacts = match context.artifacts_owner {
+            Some(owner) => self.artifacts.take_from(owner, &mut outcome.result),
+            None => {
+                self.artifacts.limit_inline(&mut outcome.result);
+                Vec::new()
+            }
+        };
         Ok(CallDone {
             tool: tool.clone(),
-            outcome: result?,
+            outcome,
+            artifacts,
+            server_text,
         })
     }
 }

@@ -249,6 +249,29 @@ impl CatalogCache {
     }
 }
 
+/// The contents of a catalog, compared by address: evaluated servers are
+/// shared through the [`CatalogCache`], so two requests of one task and
+/// session patterns over one snapshot get equal keys. Holding the key keeps
+/// the addresses from being reused.
+#[derive(Debug, Clone)]
+pub struct CatalogKey(Vec<Arc<ServerTools>>);
+
+impl PartialEq for CatalogKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+impl Eq for CatalogKey {}
+
+impl Hash for CatalogKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for server in &self.0 {
+            (Arc::as_ptr(server) as usize).hash(state);
+        }
+    }
+}
+
 /// The tools of one request.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
@@ -304,6 +327,25 @@ impl Catalog {
         catalog
     }
 
+    /// The catalog of servers whose tools are already listed, evaluated as
+    /// [`Catalog::build`] does, without a pool (tests and benchmarks of what
+    /// uses catalogs).
+    pub fn evaluated(
+        listings: &[(Arc<StoredServer>, Arc<Vec<Tool>>)],
+        task: &Arc<CompiledTaskPolicy>,
+        session: Option<&CompiledSessionFilter>,
+    ) -> Catalog {
+        let cache = CatalogCache::default();
+        Catalog {
+            servers: listings
+                .iter()
+                .filter(|(server, _)| server_selected(&server.spec, task, session).is_ok())
+                .map(|(server, tools)| cache.get_or_evaluate(server, tools, task, session))
+                .collect(),
+            unavailable: Vec::new(),
+        }
+    }
+
     /// The servers a model-supplied name can refer to.
     pub fn candidate_servers(name: &str) -> BTreeSet<String> {
         parse_injected_name(name)
@@ -334,6 +376,11 @@ impl Catalog {
         self.servers
             .iter()
             .flat_map(|server| server.functions.iter().map(AsRef::as_ref))
+    }
+
+    /// What identifies this catalog's contents (see [`CatalogKey`]).
+    pub fn key(&self) -> CatalogKey {
+        CatalogKey(self.servers.clone())
     }
 
     /// The tool a model-supplied name refers to: an injected name, or the

@@ -2,6 +2,7 @@
 //! budgeted MCP connections (`quiver-mcp`), decides per caller which tools
 //! may be used (`quiver_model::policy`) and serves the direct tool API.
 
+pub mod artifacts;
 pub mod audit;
 pub mod auth;
 pub mod call;
@@ -13,5 +14,6 @@ pub mod health;
 pub mod http;
 pub mod schema;
 mod service;
+pub mod tool_search;
 
 pub use service::{DEFAULT_CATALOG_WAIT, DEFAULT_HTTP_LISTEN, Worker, WorkerError, WorkerOptions};

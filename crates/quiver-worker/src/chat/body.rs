@@ -1,16 +1,19 @@
-//! The body sent upstream: the caller's fields, with the injected function
-//! definitions appended to its own tools. The definitions are spliced in as
+//! The body sent upstream: the caller's fields, with the offered function
+//! definitions (the catalog's, or with tool search the search function and
+//! the tools offered so far) appended to its own tools. The definitions are spliced in as
 //! JSON serialized once per catalog entry, so a request that offers a
 //! thousand tools does not rebuild and re-encode a thousand schemas.
 
 use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::catalog::Catalog;
-
-/// Encodes `body` with the catalog's functions after the caller's tools.
-pub fn encode(body: &Map<String, Value>, catalog: &Catalog) -> serde_json::Result<Vec<u8>> {
-    let mut functions = catalog.functions().peekable();
+/// Encodes `body` with `functions` after the caller's tools.
+pub fn encode<'a>(
+    body: &Map<String, Value>,
+    functions: impl Iterator<Item = &'a RawValue>,
+) -> serde_json::Result<Vec<u8>> {
+    let mut functions = functions.peekable();
     if functions.peek().is_none() {
         return serde_json::to_vec(body);
     }

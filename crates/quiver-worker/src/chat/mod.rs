@@ -11,10 +11,12 @@
 
 mod body;
 mod request;
+mod search;
 mod stream;
 mod tool_loop;
 mod tool_message;
 mod turn;
+mod vision;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -29,12 +31,14 @@ use crate::auth::Task;
 use crate::call::{CallContext, ToolRunner};
 use crate::catalog::Catalog;
 use crate::error::ErrorObject;
+use crate::tool_search::SEARCH_FUNCTION;
 
 pub use request::{ChatRequest, McpRequest, RequestError};
 pub use stream::Outgoing;
 pub use tool_loop::{CallRecord, LoopReport, StopReason};
 pub use tool_message::BUDGET_EXCEEDED;
 
+use search::ToolSearch;
 use stream::StreamingTurns;
 use tool_loop::{ToolLoop, TurnSource};
 use turn::Turn;
@@ -148,9 +152,22 @@ impl Chat {
             .runner
             .catalog(&snapshot, task, Some(&mcp.session), None)
             .await;
+        let searching = mcp.tool_search.is_some();
         request
-            .check_forced_function(|name| catalog.resolve(name).is_some())
+            .check_forced_function(|name| {
+                catalog.resolve(name).is_some() || (searching && ToolSearch::is_search(name))
+            })
             .map_err(ChatError::Request)?;
+        if searching && request.caller_tools.contains(SEARCH_FUNCTION) {
+            return Err(ChatError::Request(RequestError {
+                code: ErrorCode::InvalidRequest,
+                field: "tools".into(),
+                message: format!(
+                    "tools: {SEARCH_FUNCTION:?} is the tool search function of this request \
+                     (mcp.tool_search); rename the caller's tool"
+                ),
+            }));
+        }
         if let Some(clash) = catalog
             .tools()
             .find(|tool| request.caller_tools.contains(&tool.injected_name))
@@ -165,9 +182,13 @@ impl Chat {
             }));
         }
         let mut body = request.body.clone();
+        let search = mcp
+            .tool_search
+            .map(|max_tools| ToolSearch::start(self.runner.tool_index(&catalog), max_tools, &body));
         tracing::debug!(
             request_id = %context.request_id,
             injected = catalog.len(),
+            tool_search = search.is_some(),
             "mcp tools injected"
         );
         let tool_loop = OwnedLoop {
@@ -175,6 +196,7 @@ impl Chat {
             task: task.clone(),
             context: context.clone(),
             catalog,
+            search,
             request,
             mcp,
         };
@@ -203,6 +225,7 @@ struct OwnedLoop {
     task: Task,
     context: CallContext,
     catalog: Catalog,
+    search: Option<ToolSearch>,
     request: ChatRequest,
     mcp: McpRequest,
 }
@@ -214,7 +237,9 @@ impl OwnedLoop {
             task: &self.task,
             context: &self.context,
             catalog: &self.catalog,
+            search: self.search.as_ref(),
             caller_tools: &self.request.caller_tools,
+            vision: self.mcp.vision,
             budgets: self.mcp.budgets,
             approvals: &self.mcp.approvals,
             used_approvals: Default::default(),

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use quiver_mcp::ErrorCode;
 use quiver_model::budget::{BudgetLimits, SessionBudgets};
 use quiver_model::policy::{CompiledSessionFilter, SessionFilter, check_session_within_task};
+use quiver_model::tool_search::ToolSearchSetting;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -64,6 +65,10 @@ struct McpExtension {
     max_tool_output_bytes: Option<u64>,
     /// Approvals (ids) the caller got for calls of an earlier attempt.
     approvals: Vec<String>,
+    /// Offer tool search instead of every tool; the task's default if unset.
+    tool_search: Option<ToolSearchSetting>,
+    /// Show tool images to the model; the task's default if unset.
+    vision: Option<bool>,
 }
 
 /// MCP settings of a request that enabled it.
@@ -75,6 +80,11 @@ pub struct McpRequest {
     pub budgets: SessionBudgets,
     /// `mcp.approvals`: approvals for the calls of this conversation.
     pub approvals: Vec<String>,
+    /// With tool search: how many tools are offered up front.
+    pub tool_search: Option<u32>,
+    /// `mcp.vision` (else the task's `vision`): images of tool results go
+    /// to the model as `image_url` parts.
+    pub vision: bool,
 }
 
 /// A parsed chat request.
@@ -294,10 +304,18 @@ fn mcp_request(extension: Value, task: &Task) -> Result<Option<McpRequest>, Requ
             "an approval id (1 to 64 characters)",
         ));
     }
+    let tool_search = match extension.tool_search {
+        None => task.policy.tool_search(),
+        Some(setting) => setting
+            .max_tools()
+            .map_err(|err| RequestError::invalid("mcp.tool_search.max_tools", err.to_string()))?,
+    };
     Ok(Some(McpRequest {
         session,
         budgets,
         approvals: extension.approvals,
+        tool_search,
+        vision: extension.vision.unwrap_or_else(|| task.policy.vision()),
     }))
 }
 

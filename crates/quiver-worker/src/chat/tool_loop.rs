@@ -40,8 +40,10 @@ use crate::auth::Task;
 use crate::call::{CallContext, CallError, ToolRunner};
 use crate::catalog::Catalog;
 use crate::chat::body;
+use crate::chat::search::ToolSearch;
 use crate::chat::tool_message::ToolMessage;
 use crate::chat::turn::{ModelToolCall, Turn};
+use crate::chat::vision;
 
 /// Produces the model's turns: whole completions or streamed ones.
 pub trait TurnSource {
@@ -132,8 +134,12 @@ pub struct ToolLoop<'a> {
     pub context: &'a CallContext,
     /// The MCP tools of this request.
     pub catalog: &'a Catalog,
+    /// With tool search: what is offered, and the search the model calls.
+    pub search: Option<&'a ToolSearch>,
     /// Names of the caller's own tools.
     pub caller_tools: &'a HashSet<String>,
+    /// `mcp.vision`: images of results go to the model too.
+    pub vision: bool,
     /// Session budgets.
     pub budgets: SessionBudgets,
     /// `mcp.approvals` of the request.
@@ -168,8 +174,11 @@ impl ToolLoop<'_> {
         let mut output_bytes = 0u64;
         let mut exhausted: Option<StopReason> = None;
         loop {
-            let encoded = body::encode(body, self.catalog)
-                .map_err(|err| UpstreamError::InvalidResponse(err.to_string()))?;
+            let encoded = match self.search {
+                Some(search) => body::encode(body, search.functions(self.catalog).into_iter()),
+                None => body::encode(body, self.catalog.functions()),
+            }
+            .map_err(|err| UpstreamError::InvalidResponse(err.to_string()))?;
             let mut turn = source.next_turn(Bytes::from(encoded)).await?;
             report.iterations += 1;
             if let Some(usage) = &turn.usage {
@@ -224,6 +233,7 @@ impl ToolLoop<'_> {
             let allowed_calls = self.budgets.max_total_tool_calls.saturating_sub(calls_run);
             let answered = self.run_calls(&mcp_calls, allowed_calls).await;
             let mut messages = Vec::with_capacity(answered.len());
+            let mut images = Vec::new();
             for (call, (answer, duration_ms)) in mcp_calls.iter().zip(answered) {
                 let remaining = self
                     .budgets
@@ -232,7 +242,22 @@ impl ToolLoop<'_> {
                 let message = match answer {
                     // A call that ran is reported even with no budget left:
                     // the model must not believe it did not run.
-                    Answer::Done(done) => ToolMessage::output(&done, remaining),
+                    Answer::Done(done) => {
+                        if self.vision {
+                            images.extend(vision::message(
+                                self.runner.artifacts(),
+                                self.context.artifacts_owner,
+                                &call.id,
+                                &done.artifacts,
+                            ));
+                        }
+                        ToolMessage::output(&done, remaining)
+                    }
+                    Answer::Searched(content) => ToolMessage {
+                        output_bytes: content.len() as u64,
+                        content,
+                        status: "ok",
+                    },
                     Answer::Failed(err) => ToolMessage::error(&err, remaining),
                     Answer::OverBudget => ToolMessage::budget_exceeded("max_total_tool_calls"),
                 };
@@ -253,6 +278,7 @@ impl ToolLoop<'_> {
             };
             history.push(Value::Object(turn.message));
             history.extend(messages);
+            history.extend(images);
 
             // A forced choice applies to the caller's request, not to every
             // follow-up: forcing it again would loop until a budget ends it.
@@ -385,6 +411,15 @@ impl ToolLoop<'_> {
             if i as u64 >= u64::from(allowed) {
                 return (Answer::OverBudget, 0.0);
             }
+            if let Some(search) = self.search
+                && ToolSearch::is_search(&call.name)
+            {
+                let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+                return match search.answer(self.catalog, &call.arguments) {
+                    Ok(content) => (Answer::Searched(content), elapsed),
+                    Err(err) => (Answer::Failed(err), elapsed),
+                };
+            }
             let Some(tool) = self.catalog.resolve(&call.name) else {
                 return (Answer::Failed(CallError::not_available(&call.name)), 0.0);
             };
@@ -414,6 +449,8 @@ impl ToolLoop<'_> {
 /// The outcome of one MCP call of a turn.
 enum Answer {
     Done(Box<crate::call::CallDone>),
+    /// The answer of a tool search call.
+    Searched(String),
     Failed(CallError),
     OverBudget,
 }

@@ -1,5 +1,6 @@
 //! The direct tool API (docs/reference.md §15): `GET /v1/mcp/tools[?server_ids=a,b]`
-//! lists what the caller may use; `POST /v1/mcp/tools/call`
+//! lists what the caller may use (with `query`, the best matches of a tool
+//! search, best first); `POST /v1/mcp/tools/call`
 //! `{name, arguments}` runs one tool under the same policy and budgets as
 //! chat.
 
@@ -9,19 +10,24 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use quiver_mcp::{ErrorCode, McpError};
 use quiver_model::policy::{SessionFilter, check_session_within_task};
+use quiver_model::tool_search::{DEFAULT_MAX_TOOLS, MAX_TOOLS_LIMIT};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::call::{CallContext, CallError, ToolCall};
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;
-use crate::http::extract::{Body, Caller, Query, RequestId, SessionId};
+use crate::http::extract::{Body, Caller, CallerKey, Query, RequestId, SessionId};
 use crate::http::state::ApiState;
 
 /// The query of a listing.
 #[derive(Deserialize)]
 pub struct ToolsQuery {
     server_ids: Option<String>,
+    /// Tool search: only the best matches of this text.
+    query: Option<String>,
+    /// With `query`: how many matches at most.
+    limit: Option<u32>,
 }
 
 /// `GET /v1/mcp/tools`.
@@ -48,8 +54,28 @@ pub async fn list(
         .runner
         .catalog(&snapshot, &task, Some(&session), None)
         .await;
-    let tools: Vec<Value> = catalog
-        .tools()
+    let limit = query.limit.unwrap_or(DEFAULT_MAX_TOOLS);
+    if !(1..=MAX_TOOLS_LIMIT).contains(&limit) {
+        return Err(ErrorObject::new(
+            ErrorCode::InvalidRequest,
+            format!("limit: {limit} is not between 1 and {MAX_TOOLS_LIMIT}"),
+        )
+        .with_field("limit")
+        .into());
+    }
+    let all: Vec<_> = catalog.tools().collect();
+    let listed: Vec<_> = match &query.query {
+        None => all,
+        Some(text) => state
+            .runner
+            .tool_index(&catalog)
+            .search(text, limit as usize)
+            .into_iter()
+            .filter_map(|position| all.get(position).copied())
+            .collect(),
+    };
+    let tools: Vec<Value> = listed
+        .into_iter()
         .map(|tool| {
             json!({
                 "name": tool.injected_name,
@@ -66,6 +92,7 @@ pub async fn list(
 /// `POST /v1/mcp/tools/call`.
 pub async fn call(
     Caller(task): Caller,
+    CallerKey(caller): CallerKey,
     State(state): State<ApiState>,
     RequestId(request_id): RequestId,
     SessionId(session_id): SessionId,
@@ -81,6 +108,7 @@ pub async fn call(
     let context = CallContext {
         request_id,
         session_id,
+        artifacts_owner: Some(caller),
         ..Default::default()
     };
     let done = state
@@ -107,6 +135,9 @@ pub async fn call(
     }
     if done.outcome.output.truncated() {
         body["truncated"] = json!(true);
+    }
+    if !done.artifacts.is_empty() {
+        body["artifacts"] = done.artifacts.iter().map(|a| a.to_json()).collect();
     }
     Ok(axum::Json(body).into_response())
 }
