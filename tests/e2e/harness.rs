@@ -35,7 +35,20 @@ pub fn quiver_bin() -> &'static str {
 /// inherited `QUIVER_*` or `RUST_LOG` setting can change what it does, and
 /// it logs with the binary's default filter, as deployed.
 pub fn quiver_command() -> Command {
-    let mut command = Command::new(quiver_bin());
+    quiver_command_in(None)
+}
+
+/// [`quiver_command`] run in the network namespace `netns` (through
+/// `ip netns exec`, which execs the binary: the child is quiver itself).
+pub fn quiver_command_in(netns: Option<&str>) -> Command {
+    let mut command = match netns {
+        None => Command::new(quiver_bin()),
+        Some(netns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", netns, quiver_bin()]);
+            command
+        }
+    };
     for (key, _) in std::env::vars_os() {
         if key.to_str().is_some_and(|k| k.starts_with("QUIVER_")) {
             command.env_remove(&key);
@@ -183,6 +196,18 @@ impl WriteLoad {
             acknowledged,
             writers: handles,
         }
+    }
+
+    /// Stops the writers while the registry is up (their last writes may
+    /// or may not have landed); returns the acknowledged ones.
+    pub async fn stop(self) -> std::collections::BTreeMap<String, u64> {
+        for writer in &self.writers {
+            writer.abort();
+        }
+        for writer in self.writers {
+            let _ = writer.await;
+        }
+        self.acknowledged.lock().unwrap().clone()
     }
 
     /// Writes acknowledged so far.
@@ -401,9 +426,36 @@ impl RegistryProcess {
         RegistryProcess::start_with(&base, args).await
     }
 
+    /// Like [`RegistryProcess::start`], in the network namespace `netns`,
+    /// listening on `host` (its address there).
+    pub async fn start_in<S: AsRef<str>>(
+        netns: &str,
+        host: std::net::IpAddr,
+        args: &[S],
+    ) -> RegistryProcess {
+        let any_port = SocketAddr::new(host, 0).to_string();
+        let base = [
+            "--grpc-listen",
+            any_port.as_str(),
+            "--http-listen",
+            any_port.as_str(),
+            "--log-format",
+            "json",
+        ];
+        RegistryProcess::spawn(Some(netns), &base, args).await
+    }
+
     async fn start_with<S: AsRef<str>>(base: &[&str], args: &[S]) -> RegistryProcess {
+        RegistryProcess::spawn(None, base, args).await
+    }
+
+    async fn spawn<S: AsRef<str>>(
+        netns: Option<&str>,
+        base: &[&str],
+        args: &[S],
+    ) -> RegistryProcess {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-        let mut command = quiver_command();
+        let mut command = quiver_command_in(netns);
         command.arg("registry").args(base).args(&args);
         let (process, (grpc, http)) =
             Supervised::spawn("registry", command, &args.join(" "), listening_addrs).await;
@@ -566,7 +618,38 @@ impl WorkerProcess {
         args: &[S],
         env: &[(&str, &str)],
     ) -> WorkerProcess {
-        WorkerProcess::spawn(registry_url, worker_token, caller_token, args, env, None).await
+        WorkerProcess::spawn(
+            registry_url,
+            worker_token,
+            caller_token,
+            args,
+            env,
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// Like [`WorkerProcess::start`], in the network namespace `netns`,
+    /// listening on `host` (its address there).
+    pub async fn start_in<S: AsRef<str>>(
+        netns: &str,
+        host: std::net::IpAddr,
+        registry_url: &str,
+        worker_token: &str,
+        caller_token: &str,
+        args: &[S],
+    ) -> WorkerProcess {
+        WorkerProcess::spawn(
+            registry_url,
+            worker_token,
+            caller_token,
+            args,
+            &[],
+            None,
+            Some((netns, host)),
+        )
+        .await
     }
 
     /// Like [`WorkerProcess::start`] for a worker whose HTTP listener serves
@@ -586,6 +669,7 @@ impl WorkerProcess {
             args,
             &[],
             Some(ca_pem),
+            None,
         )
         .await
     }
@@ -597,9 +681,15 @@ impl WorkerProcess {
         args: &[S],
         env: &[(&str, &str)],
         ca_pem: Option<&[u8]>,
+        placement: Option<(&str, std::net::IpAddr)>,
     ) -> WorkerProcess {
         let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-        let mut command = quiver_command();
+        let mut command = quiver_command_in(placement.map(|(netns, _)| netns));
+        let listen = SocketAddr::new(
+            placement.map_or(std::net::Ipv4Addr::LOCALHOST.into(), |(_, host)| host),
+            0,
+        )
+        .to_string();
         command.envs(env.iter().copied());
         command.arg("worker").args([
             "--registry",
@@ -609,7 +699,7 @@ impl WorkerProcess {
             "--caller-token",
             caller_token,
             "--http-listen",
-            "127.0.0.1:0",
+            &listen,
             "--log-format",
             "json",
         ]);

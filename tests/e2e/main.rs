@@ -25,6 +25,7 @@ mod hostile_servers;
 mod kubernetes;
 mod listeners;
 mod metrics;
+mod multi_host;
 mod openai_sdk;
 mod otlp;
 mod registry_concurrency;
