@@ -262,3 +262,106 @@ async fn cli_dry_run_sighup_and_rescan() {
     let shown = servers(&registry, &["get", "delta"]).await;
     assert!(shown.contains("source file:delta.toml"), "{shown}");
 }
+
+/// `quiver servers apply -f DIR`: every `*.toml`/`*.json` record file of the
+/// directory in one batch (issue #16): one contiguous revision range, each
+/// revision seen by a watch, and all or nothing when one record is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_applies_a_directory_in_one_batch() {
+    let db = TestDatabase::create().await;
+    let work = tempfile::tempdir().expect("temp dir");
+    let dir = work.path().join("records");
+    std::fs::create_dir(&dir).expect("records dir");
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    write(&dir, "a.toml", &record_toml("alpha", "Alpha"));
+    write(
+        &dir,
+        "b.toml",
+        &format!(
+            "[[servers]]\n{}\n[[servers]]\n{}",
+            record_toml("beta", "Beta").replace("[stdio]", "[servers.stdio]"),
+            record_toml("gamma", "Gamma").replace("[stdio]", "[servers.stdio]")
+        ),
+    );
+    write(
+        &dir,
+        "c.json",
+        r#"{"server_id": "delta", "transport": "streamable_http", "http": {"url": "https://mcp.example.com/mcp"}}"#,
+    );
+    write(&dir, "notes.txt", "not a record");
+
+    let registry =
+        RegistryProcess::start(&["--database-url", db.url(), "--admin-token", ADMIN]).await;
+    let mut client = registry.client(Some(ADMIN)).await;
+    let mut stream = client
+        .watch_mcp_servers(pb::WatchMcpServersRequest { since_revision: 0 })
+        .await
+        .expect("watch")
+        .into_inner();
+
+    let applied = servers(&registry, &["apply", "-f", dir_arg]).await;
+    assert_eq!(
+        applied,
+        "alpha: applied at revision 1\nbeta: applied at revision 2\ngamma: applied at revision 3\n\
+         delta: applied at revision 4\n4 records from 3 files: 4 applied at revisions 1..=4\n"
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = tokio::time::timeout(RELOAD_TIMEOUT, stream.message())
+            .await
+            .expect("watch event in time")
+            .expect("watch")
+            .expect("stream open");
+        if !event.heartbeat {
+            seen.push((event.revision, event.upserts.join(",")));
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            (1, "alpha".to_owned()),
+            (2, "beta".to_owned()),
+            (3, "gamma".to_owned()),
+            (4, "delta".to_owned())
+        ]
+    );
+    assert_eq!(
+        servers(&registry, &["apply", "-f", dir_arg]).await,
+        "alpha: unchanged at revision 1\nbeta: unchanged at revision 2\ngamma: unchanged at revision 3\n\
+         delta: unchanged at revision 4\n4 records from 3 files: nothing changed\n"
+    );
+
+    // A record the registry refuses (beta twice): nothing of the batch is
+    // written, and the error names the file of the refused record.
+    write(&dir, "a.toml", &record_toml("alpha", "Alpha v2"));
+    write(
+        &dir,
+        "d.json",
+        r#"{"server_id": "beta", "transport": "streamable_http", "http": {"url": "https://mcp.example.com/b"}}"#,
+    );
+    let refused = servers_raw(&registry, &["apply", "-f", dir_arg]).await;
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(refused.stderr.contains("d.json"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("servers[4].server_id"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(head(&mut client).await, 4);
+    assert_eq!(
+        get(&mut client, "alpha")
+            .await
+            .expect("alpha")
+            .spec
+            .expect("spec")
+            .display_name
+            .as_deref(),
+        Some("Alpha")
+    );
+    std::fs::remove_file(dir.join("d.json")).expect("remove d.json");
+    assert!(
+        servers(&registry, &["apply", "-f", dir_arg])
+            .await
+            .ends_with("4 records from 3 files: 1 applied at revisions 5..=5\n")
+    );
+}

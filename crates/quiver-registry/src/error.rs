@@ -86,6 +86,17 @@ pub enum RegistryError {
     /// A bug or corrupt data.
     #[error("{0}")]
     Internal(String),
+    /// The record at `index` of a batch (`ApplyMcpServers`, `POST
+    /// /admin/api/servers/apply`) failed, so nothing of the batch was
+    /// written. Invalid records are named by their field instead
+    /// (`servers[i].field`, see [`RegistryError::in_record`]).
+    #[error("servers[{index}]: {error}")]
+    InRecord {
+        /// Position of the record in the batch (0-based).
+        index: usize,
+        /// Why it failed.
+        error: Box<RegistryError>,
+    },
 }
 
 /// Stable machine-readable error codes of the REST API.
@@ -242,6 +253,7 @@ impl RegistryError {
             RegistryError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
             RegistryError::ApprovalNotPending(_) => ErrorCode::ApprovalNotPending,
             RegistryError::Internal(_) => ErrorCode::Internal,
+            RegistryError::InRecord { error, .. } => error.code(),
         }
     }
 
@@ -250,6 +262,7 @@ impl RegistryError {
         match self {
             RegistryError::McpUnavailable { stderr_tail, .. }
             | RegistryError::McpTimeout { stderr_tail, .. } => Some(stderr_tail),
+            RegistryError::InRecord { error, .. } => error.stderr_tail(),
             _ => None,
         }
     }
@@ -259,6 +272,26 @@ impl RegistryError {
         match self {
             RegistryError::InvalidArgument { field, .. } => field.as_deref(),
             _ => None,
+        }
+    }
+
+    /// This error as the failure of the `index`-th record of a batch: an
+    /// invalid argument names the field as `servers[i].field` (like the
+    /// parser names fields of multi-record documents), anything else is
+    /// wrapped in [`RegistryError::InRecord`].
+    pub fn in_record(self, index: usize) -> Self {
+        match self {
+            RegistryError::InvalidArgument { field, message } => RegistryError::InvalidArgument {
+                field: Some(match field {
+                    Some(field) if !field.is_empty() => format!("servers[{index}].{field}"),
+                    _ => format!("servers[{index}]"),
+                }),
+                message,
+            },
+            other => RegistryError::InRecord {
+                index,
+                error: Box::new(other),
+            },
         }
     }
 
@@ -331,6 +364,7 @@ impl From<StoreError> for RegistryError {
                 current,
             },
             StoreError::Invalid(err) => err.into(),
+            StoreError::InRecord { index, source } => RegistryError::from(*source).in_record(index),
             StoreError::Database(err) => {
                 tracing::error!(error = %err, "database error");
                 RegistryError::Unavailable(format!("database unavailable: {err}"))
@@ -364,7 +398,14 @@ impl IntoResponse for RegistryError {
         if let Some(field) = self.field() {
             body["error"]["field"] = json!(field);
         }
-        if let RegistryError::Conflict { current, .. } = &self {
+        let (index, inner) = match &self {
+            RegistryError::InRecord { index, error } => (Some(*index), error.as_ref()),
+            other => (None, other),
+        };
+        if let Some(index) = index {
+            body["error"]["index"] = json!(index);
+        }
+        if let RegistryError::Conflict { current, .. } = inner {
             body["error"]["current_revision"] = json!(current);
         }
         if let Some(tail) = self.stderr_tail() {

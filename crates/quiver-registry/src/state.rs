@@ -400,27 +400,41 @@ impl RegistryState {
 
     /// Upserts with audit logging and metrics.
     pub async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, RegistryError> {
-        let actor = request.actor.clone();
-        let source = request.source.to_string();
         let outcome = self
             .store
             .upsert(request)
             .await
             .map_err(|err| count_write_error(err.into()))?;
-        if !matches!(outcome, UpsertOutcome::Unchanged(_)) {
-            let server = outcome.server();
-            metrics::counter!("quiver_registry_upserts_total").increment(1);
-            tracing::info!(
-                target: "quiver::audit",
-                action = "upsert",
-                server_id = %server.spec.server_id,
-                revision = server.revision,
-                actor = %actor,
-                source = %source,
-                "registry change"
-            );
-        }
+        audit_upsert(&outcome, false);
         Ok(outcome)
+    }
+
+    /// Applies a batch of upserts in one transaction ([`Store::apply`]),
+    /// with audit logging and metrics per record that changed. At most
+    /// [`MAX_APPLY_RECORDS`] records: a batch holds the writer lock until it
+    /// commits, so its size bounds how long other writers wait.
+    pub async fn apply(
+        &self,
+        requests: Vec<UpsertRequest>,
+    ) -> Result<Vec<UpsertOutcome>, RegistryError> {
+        if requests.len() > MAX_APPLY_RECORDS {
+            return Err(count_write_error(RegistryError::invalid(
+                "servers",
+                format!(
+                    "a batch holds at most {MAX_APPLY_RECORDS} records, got {}",
+                    requests.len()
+                ),
+            )));
+        }
+        let outcomes = self
+            .store
+            .apply(requests)
+            .await
+            .map_err(|err| count_write_error(err.into()))?;
+        for outcome in &outcomes {
+            audit_upsert(outcome, true);
+        }
+        Ok(outcomes)
     }
 
     /// Deletes with audit logging and metrics.
@@ -531,10 +545,44 @@ pub fn actor_name(supplied: Option<&str>, fallback: &str) -> String {
 
 /// Counts a failed store write (a conflict, a refused record, the database
 /// being unavailable…) in `quiver_registry_write_errors_total{code}`.
+/// The most records one batch (`ApplyMcpServers`, `POST
+/// /admin/api/servers/apply`) may hold.
+pub const MAX_APPLY_RECORDS: usize = 10_000;
+
+/// The first and last revision a batch took (both 0 when nothing changed).
+pub(crate) fn revision_range(outcomes: &[UpsertOutcome]) -> (u64, u64) {
+    let mut written = outcomes
+        .iter()
+        .filter(|o| !matches!(o, UpsertOutcome::Unchanged(_)))
+        .map(|o| o.server().revision);
+    let first = written.next().unwrap_or(0);
+    (first, written.next_back().unwrap_or(first))
+}
+
 fn count_write_error(err: RegistryError) -> RegistryError {
     metrics::counter!("quiver_registry_write_errors_total", "code" => err.code().as_str())
         .increment(1);
     err
+}
+
+/// Counts and audits an upsert that changed its record (the stored record
+/// names who wrote it and from where); an unchanged one is not a change.
+fn audit_upsert(outcome: &UpsertOutcome, batch: bool) {
+    if matches!(outcome, UpsertOutcome::Unchanged(_)) {
+        return;
+    }
+    let server = outcome.server();
+    metrics::counter!("quiver_registry_upserts_total").increment(1);
+    tracing::info!(
+        target: "quiver::audit",
+        action = "upsert",
+        server_id = %server.spec.server_id,
+        revision = server.revision,
+        actor = %server.updated_by,
+        source = %server.source,
+        batch,
+        "registry change"
+    );
 }
 
 #[cfg(test)]

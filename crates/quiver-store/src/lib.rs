@@ -69,6 +69,15 @@ pub enum StoreError {
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A batch ([`Store::apply`]) failed on the record at `index` (0-based);
+    /// nothing of the batch was written.
+    #[error("record {index}: {source}")]
+    InRecord {
+        /// Position of the record in the batch.
+        index: usize,
+        /// Why it failed.
+        source: Box<StoreError>,
+    },
 }
 
 /// A consistent view: the records exactly as of `revision`.
@@ -214,6 +223,13 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, server_id: &str) -> Result<Option<StoredServer>, StoreError>;
     /// Creates or replaces a record (validated first).
     async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, StoreError>;
+    /// Upserts every record of a batch in one transaction, in order, with
+    /// the semantics of [`Store::upsert`] per record: the records that change
+    /// take one contiguous range of revisions (unchanged ones take none), and
+    /// either all are written or none is. A failure is
+    /// [`StoreError::InRecord`] naming the record's position; a `server_id`
+    /// that appears twice is refused before anything is written.
+    async fn apply(&self, requests: Vec<UpsertRequest>) -> Result<Vec<UpsertOutcome>, StoreError>;
     /// Deletes a record; returns the new revision.
     async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError>;
     /// Every revision of one record, newest first (deleted records included).

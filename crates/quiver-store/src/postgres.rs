@@ -43,6 +43,10 @@ static DIALECT: Dialect = Dialect {
     select_history: "SELECT revision, kind, spec::text, at_ms, actor, source FROM mcp_server_history \
          WHERE server_id = $1 ORDER BY revision DESC",
     json_as_text: "::text",
+    upsert_function: Some(
+        "SELECT outcome, revision, created_at_ms, updated_at_ms, updated_by, source \
+         FROM quiver_upsert($1, $2::jsonb, $3, $4, $5, $6, $7)",
+    ),
     queue_writers_in_process: false,
 };
 

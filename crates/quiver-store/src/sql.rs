@@ -5,11 +5,18 @@
 //! UPDATE`; SQLite: `BEGIN IMMEDIATE`), so the revision they take is exactly
 //! head + 1 and commits happen in revision order: a reader that sees revision
 //! N committed also sees every revision below N.
+//!
+//! On PostgreSQL an upsert is one call of a server-side function
+//! ([`Dialect::upsert_function`], migrations/postgres/0003_upsert_function.sql)
+//! running the same steps, so the head row stays locked for the server-side
+//! work and the commit only, not for six client round trips; the argument for
+//! gap-free, in-order revisions is the same and is spelled out there.
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
 use quiver_model::{
-    Change, ChangeKind, HistoryEntry, McpServerSpec, Source, StoredServer, validate,
+    Change, ChangeKind, FieldError, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer,
+    validate,
 };
 use sqlx::any::AnyRow;
 use sqlx::{AnyPool, Row};
@@ -45,6 +52,13 @@ pub(crate) struct Dialect {
     pub select_history: &'static str,
     /// Appended to a JSON column to read it as text (`::text` on PostgreSQL).
     pub json_as_text: &'static str,
+    /// A server-side function doing a whole upsert in one statement (see
+    /// migrations/postgres/0003_upsert_function.sql), called with ($1 id,
+    /// $2 spec json, $3 expected revision or NULL, $4 actor, $5 source,
+    /// $6 adopts identical, $7 now ms) and returning (outcome, revision,
+    /// created_at_ms, updated_at_ms, updated_by, source). `None`: the engine
+    /// runs the statements of [`SqlStore::upsert_in`] in a write transaction.
+    pub upsert_function: Option<&'static str>,
     /// Queue writers on an in-process lock before they open a transaction.
     /// For an engine owned by one process (SQLite) this makes waiting fair
     /// and ordered instead of the engine's sleep-and-retry busy handler.
@@ -362,6 +376,198 @@ impl SqlStore {
     }
 }
 
+impl SqlStore {
+    /// The checks and writes of one upsert inside a write transaction that
+    /// holds the writer lock, at `head`. Writes nothing for a conflict or an
+    /// identical record; the caller commits or rolls back.
+    async fn upsert_in(
+        &self,
+        tx: &mut WriteTx,
+        head: u64,
+        request: UpsertRequest,
+    ) -> Result<UpsertOutcome, StoreError> {
+        let server_id = request.spec.server_id.clone();
+        let spec_json = spec_to_json(&request.spec)?;
+        let current = self.current(tx, &server_id).await?;
+        check_expected(&server_id, request.expected_revision, current.as_ref())?;
+        if let Some(current) = &current {
+            let same_owner =
+                current.source == request.source || !request.source.adopts_identical_record();
+            if current.spec == request.spec && same_owner {
+                return Ok(UpsertOutcome::Unchanged(current.clone()));
+            }
+        }
+        let revision = head + 1;
+        let now = Utc::now();
+        let created_at = current.as_ref().map_or(now, |c| c.created_at);
+        sqlx::query(self.dialect.put_server)
+            .bind(server_id.clone())
+            .bind(spec_json.clone())
+            .bind(to_i64(revision)?)
+            .bind(millis(created_at))
+            .bind(millis(now))
+            .bind(request.actor.clone())
+            .bind(request.source.to_string())
+            .execute(&mut **tx)
+            .await?;
+        let change = ChangeRow {
+            revision,
+            server_id: &server_id,
+            kind: ChangeKind::Upsert,
+            spec_json: Some(spec_json),
+            at: now,
+            actor: &request.actor,
+            source: &request.source,
+        };
+        self.record_change(tx, change).await?;
+        let stored = StoredServer {
+            spec: request.spec,
+            revision,
+            // Stored with millisecond precision; report what a read returns.
+            created_at: from_millis(millis(created_at))?,
+            updated_at: from_millis(millis(now))?,
+            updated_by: request.actor,
+            source: request.source,
+        };
+        Ok(match current {
+            None => UpsertOutcome::Created(stored),
+            Some(_) => UpsertOutcome::Updated(stored),
+        })
+    }
+
+    /// One upsert as one call of [`Dialect::upsert_function`]: on its own
+    /// (autocommit) it is a whole write transaction in one round trip; inside
+    /// a transaction it is one record of a batch.
+    async fn call_upsert_function<'e, E>(
+        &self,
+        executor: E,
+        function: &'static str,
+        request: UpsertRequest,
+    ) -> Result<UpsertOutcome, StoreError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Any>,
+    {
+        let spec_json = spec_to_json(&request.spec)?;
+        // No revision lies beyond i64::MAX: a larger expectation conflicts.
+        let expected = request
+            .expected_revision
+            .map(|e| i64::try_from(e).unwrap_or(i64::MAX));
+        let row = sqlx::query(function)
+            .bind(request.spec.server_id.clone())
+            .bind(spec_json)
+            .bind(expected)
+            .bind(request.actor.clone())
+            .bind(request.source.to_string())
+            .bind(request.source.adopts_identical_record())
+            .bind(millis(Utc::now()))
+            .fetch_one(executor)
+            .await?;
+        let outcome: String = row.try_get(0)?;
+        let revision = to_u64(row.try_get(1)?)?;
+        if outcome == "conflict" {
+            return Err(StoreError::Conflict {
+                server_id: request.spec.server_id,
+                expected: request.expected_revision.unwrap_or_default(),
+                current: revision,
+            });
+        }
+        // For "unchanged" the stored content equals the request's (equal
+        // JSON documents deserialise to equal records).
+        let stored = StoredServer {
+            spec: request.spec,
+            revision,
+            created_at: from_millis(row.try_get(2)?)?,
+            updated_at: from_millis(row.try_get(3)?)?,
+            updated_by: row.try_get(4)?,
+            source: source_from(&row.try_get::<String, _>(5)?)?,
+        };
+        match outcome.as_str() {
+            "created" => Ok(UpsertOutcome::Created(stored)),
+            "updated" => Ok(UpsertOutcome::Updated(stored)),
+            "unchanged" => Ok(UpsertOutcome::Unchanged(stored)),
+            other => Err(StoreError::Corrupt(format!(
+                "upsert function returned outcome {other:?}"
+            ))),
+        }
+    }
+
+    /// The batch of [`Store::apply`], validated and free of duplicate ids.
+    async fn apply_batch(
+        &self,
+        requests: Vec<UpsertRequest>,
+    ) -> Result<(Vec<UpsertOutcome>, Option<u64>), StoreError> {
+        let mut outcomes = Vec::with_capacity(requests.len());
+        let mut last_revision = None;
+        let in_record = |index: usize| {
+            move |err: StoreError| StoreError::InRecord {
+                index,
+                source: Box::new(err),
+            }
+        };
+        if let Some(function) = self.dialect.upsert_function {
+            // The first record that changes takes the head lock inside the
+            // function; it is held until the commit below, so the batch's
+            // revisions are one contiguous range (see the migration).
+            let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
+            for (index, request) in requests.into_iter().enumerate() {
+                let outcome = match self.call_upsert_function(&mut *tx, function, request).await {
+                    Ok(outcome) => outcome,
+                    Err(err) => {
+                        tx.rollback().await?;
+                        return Err(in_record(index)(err));
+                    }
+                };
+                if !matches!(outcome, UpsertOutcome::Unchanged(_)) {
+                    last_revision = Some(outcome.server().revision);
+                }
+                outcomes.push(outcome);
+            }
+            tx.commit().await?;
+        } else {
+            let (mut tx, (mut head, _), _turn) = self.begin_write().await?;
+            for (index, request) in requests.into_iter().enumerate() {
+                let outcome = match self.upsert_in(&mut tx, head, request).await {
+                    Ok(outcome) => outcome,
+                    Err(err) => {
+                        // Roll back before the queue turn is released.
+                        tx.rollback().await?;
+                        return Err(in_record(index)(err));
+                    }
+                };
+                if !matches!(outcome, UpsertOutcome::Unchanged(_)) {
+                    head = outcome.server().revision;
+                    last_revision = Some(head);
+                }
+                outcomes.push(outcome);
+            }
+            tx.commit().await?;
+        }
+        Ok((outcomes, last_revision))
+    }
+}
+
+/// Refuses a batch that names one record twice, before anything is written.
+fn check_unique_ids(requests: &[UpsertRequest]) -> Result<(), StoreError> {
+    let mut seen = std::collections::HashMap::with_capacity(requests.len());
+    for (index, request) in requests.iter().enumerate() {
+        if let Some(first) = seen.insert(request.spec.server_id.as_str(), index) {
+            return Err(StoreError::InRecord {
+                index,
+                source: Box::new(StoreError::Invalid(ModelError::Invalid(vec![
+                    FieldError::new(
+                        "server_id",
+                        format!(
+                            "{:?} appears twice in the batch (also record {first})",
+                            request.spec.server_id
+                        ),
+                    ),
+                ]))),
+            });
+        }
+    }
+    Ok(())
+}
+
 async fn read_head_with(
     tx: &mut WriteTx,
     statement: &'static str,
@@ -394,63 +600,52 @@ impl Store for SqlStore {
 
     async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, StoreError> {
         validate(&request.spec)?;
-        let server_id = request.spec.server_id.clone();
-        let spec_json = spec_to_json(&request.spec)?;
-        let (mut tx, (head, _), _turn) = self.begin_write().await?;
-        let current = self.current(&mut tx, &server_id).await?;
-        if let Err(conflict) =
-            check_expected(&server_id, request.expected_revision, current.as_ref())
-        {
-            // Roll back before the queue turn is released, not lazily on drop.
-            tx.rollback().await?;
-            return Err(conflict);
+        if let Some(function) = self.dialect.upsert_function {
+            // One statement, autocommit: the head stays locked only while the
+            // function runs on the server and the commit flushes.
+            let outcome = self
+                .call_upsert_function(&self.pool, function, request)
+                .await?;
+            if !matches!(outcome, UpsertOutcome::Unchanged(_)) {
+                publish_head(&self.head_tx, outcome.server().revision);
+            }
+            return Ok(outcome);
         }
-        if let Some(current) = &current {
-            let same_owner =
-                current.source == request.source || !request.source.adopts_identical_record();
-            if current.spec == request.spec && same_owner {
+        let (mut tx, (head, _), _turn) = self.begin_write().await?;
+        match self.upsert_in(&mut tx, head, request).await {
+            Ok(outcome @ UpsertOutcome::Unchanged(_)) => {
                 // Rolling back releases the writer lock; nothing was written.
                 tx.rollback().await?;
-                return Ok(UpsertOutcome::Unchanged(current.clone()));
+                Ok(outcome)
+            }
+            Ok(outcome) => {
+                self.commit(tx, outcome.server().revision).await?;
+                Ok(outcome)
+            }
+            Err(err) => {
+                // Roll back before the queue turn is released, not lazily on drop.
+                tx.rollback().await?;
+                Err(err)
             }
         }
-        let revision = head + 1;
-        let now = Utc::now();
-        let created_at = current.as_ref().map_or(now, |c| c.created_at);
-        sqlx::query(self.dialect.put_server)
-            .bind(server_id.clone())
-            .bind(spec_json.clone())
-            .bind(to_i64(revision)?)
-            .bind(millis(created_at))
-            .bind(millis(now))
-            .bind(request.actor.clone())
-            .bind(request.source.to_string())
-            .execute(&mut *tx)
-            .await?;
-        let change = ChangeRow {
-            revision,
-            server_id: &server_id,
-            kind: ChangeKind::Upsert,
-            spec_json: Some(spec_json),
-            at: now,
-            actor: &request.actor,
-            source: &request.source,
-        };
-        self.record_change(&mut tx, change).await?;
-        self.commit(tx, revision).await?;
-        let stored = StoredServer {
-            spec: request.spec,
-            revision,
-            // Stored with millisecond precision; report what a read returns.
-            created_at: from_millis(millis(created_at))?,
-            updated_at: from_millis(millis(now))?,
-            updated_by: request.actor,
-            source: request.source,
-        };
-        Ok(match current {
-            None => UpsertOutcome::Created(stored),
-            Some(_) => UpsertOutcome::Updated(stored),
-        })
+    }
+
+    async fn apply(&self, requests: Vec<UpsertRequest>) -> Result<Vec<UpsertOutcome>, StoreError> {
+        for (index, request) in requests.iter().enumerate() {
+            validate(&request.spec).map_err(|err| StoreError::InRecord {
+                index,
+                source: Box::new(err.into()),
+            })?;
+        }
+        check_unique_ids(&requests)?;
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (outcomes, last_revision) = self.apply_batch(requests).await?;
+        if let Some(revision) = last_revision {
+            publish_head(&self.head_tx, revision);
+        }
+        Ok(outcomes)
     }
 
     async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError> {

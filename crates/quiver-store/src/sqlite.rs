@@ -31,6 +31,7 @@ static DIALECT: Dialect = Dialect {
     select_history: "SELECT revision, kind, spec, at_ms, actor, source FROM mcp_server_history \
          WHERE server_id = $1 ORDER BY revision DESC",
     json_as_text: "",
+    upsert_function: None,
     queue_writers_in_process: true,
 };
 

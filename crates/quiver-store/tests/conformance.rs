@@ -361,6 +361,218 @@ async fn concurrent_writers_get_consecutive_revisions(f: Fixture) {
     assert_eq!(logged, (1..=total).collect::<Vec<_>>());
 }
 
+async fn apply_takes_one_contiguous_range(f: Fixture) {
+    f.store.upsert(upsert(spec("a", "x"))).await.unwrap();
+    f.store.upsert(upsert(spec("b", "x"))).await.unwrap();
+    let mut head = f.store.subscribe();
+    let outcomes = f
+        .store
+        .apply(vec![
+            upsert(spec("a", "changed")),
+            upsert(spec("b", "x")),
+            upsert(spec("c", "new")),
+            UpsertRequest {
+                expected_revision: Some(0),
+                ..upsert(spec("d", "new"))
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&outcomes[0], UpsertOutcome::Updated(s) if s.revision == 3));
+    assert!(matches!(&outcomes[1], UpsertOutcome::Unchanged(s) if s.revision == 2));
+    assert!(
+        matches!(&outcomes[2], UpsertOutcome::Created(s) if s.revision == 4 && s.spec == spec("c", "new"))
+    );
+    assert!(matches!(&outcomes[3], UpsertOutcome::Created(s) if s.revision == 5));
+    assert_eq!(
+        f.store.get("c").await.unwrap().unwrap(),
+        *outcomes[2].server()
+    );
+    assert_eq!(f.store.head().await.unwrap().revision, 5);
+    // Every revision of the batch is in the change log (watchers see each).
+    let changes = f.store.changes_since(2, 100).await.unwrap();
+    assert_eq!(
+        changes
+            .iter()
+            .map(|c| (c.revision, c.server_id.as_str()))
+            .collect::<Vec<_>>(),
+        [(3, "a"), (4, "c"), (5, "d")]
+    );
+    assert_eq!(f.store.history("a").await.unwrap().len(), 2);
+    tokio::time::timeout(Duration::from_secs(5), head.wait_for(|r| *r >= 5))
+        .await
+        .expect("no head notification")
+        .unwrap();
+    // A batch that changes nothing takes no revision; an empty one is fine.
+    let again = f
+        .store
+        .apply(vec![upsert(spec("a", "changed")), upsert(spec("c", "new"))])
+        .await
+        .unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|o| matches!(o, UpsertOutcome::Unchanged(_)))
+    );
+    assert!(f.store.apply(Vec::new()).await.unwrap().is_empty());
+    assert_eq!(f.store.head().await.unwrap().revision, 5);
+}
+
+async fn apply_is_all_or_nothing(f: Fixture) {
+    f.store
+        .apply(vec![upsert(spec("a", "x")), upsert(spec("b", "x"))])
+        .await
+        .unwrap();
+    // A conflict on the third record: the first two are not written either.
+    let err = f
+        .store
+        .apply(vec![
+            upsert(spec("new1", "x")),
+            upsert(spec("a", "changed")),
+            UpsertRequest {
+                expected_revision: Some(1),
+                ..upsert(spec("b", "y"))
+            },
+        ])
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::InRecord { index: 2, source } => assert!(
+            matches!(**source, StoreError::Conflict { expected: 1, current: 2, ref server_id } if server_id == "b"),
+            "{source}"
+        ),
+        other => panic!("expected a conflict of record 2, got {other}"),
+    }
+    assert!(err.to_string().starts_with("record 2: "), "{err}");
+    let unchanged = |store: Arc<SqlStore>| async move {
+        assert_eq!(store.head().await.unwrap().revision, 2);
+        let snapshot = store.list().await.unwrap();
+        assert_eq!(
+            snapshot
+                .servers
+                .iter()
+                .map(|s| s.spec.clone())
+                .collect::<Vec<_>>(),
+            [spec("a", "x"), spec("b", "x")]
+        );
+        assert_eq!(store.changes_since(0, 100).await.unwrap().len(), 2);
+    };
+    unchanged(f.store.clone()).await;
+
+    // Invalid records and repeated ids are refused before anything is written.
+    let err = f
+        .store
+        .apply(vec![upsert(spec("new2", "x")), upsert(spec("bad", " "))])
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::InRecord { index: 1, source } => match &**source {
+            StoreError::Invalid(err) => assert_eq!(err.field(), Some("stdio.command")),
+            other => panic!("expected Invalid, got {other}"),
+        },
+        other => panic!("expected an invalid record 1, got {other}"),
+    }
+    let err = f
+        .store
+        .apply(vec![
+            upsert(spec("new3", "x")),
+            upsert(spec("new4", "x")),
+            upsert(spec("new3", "y")),
+        ])
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::InRecord { index: 2, source } => match &**source {
+            StoreError::Invalid(err) => assert_eq!(err.field(), Some("server_id")),
+            other => panic!("expected Invalid, got {other}"),
+        },
+        other => panic!("expected a repeated record 2, got {other}"),
+    }
+    unchanged(f.store.clone()).await;
+}
+
+/// 8 writers, half of them single upserts and half batches of 4, while a
+/// reader checks that no revision is ever visible before every revision
+/// below it (commit order) and, at the end, that revisions are 1…N without
+/// a gap or a duplicate.
+async fn concurrent_batches_keep_revisions_gap_free(f: Fixture) {
+    const WRITERS: usize = 8;
+    const ROUNDS: usize = 15;
+    const BATCH: usize = 4;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let store = f.store.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut observations = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let logged = store.changes_since(0, 100_000).await.unwrap();
+                for (i, change) in logged.iter().enumerate() {
+                    assert_eq!(
+                        change.revision,
+                        i as u64 + 1,
+                        "revision {} visible before an older one",
+                        change.revision
+                    );
+                }
+                observations += 1;
+            }
+            observations
+        })
+    };
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let store = f.store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut revisions = Vec::new();
+            for round in 0..ROUNDS {
+                if w % 2 == 0 {
+                    let outcome = store
+                        .upsert(upsert(spec(&format!("w{w}"), &format!("cmd{round}"))))
+                        .await
+                        .unwrap();
+                    revisions.push(outcome.server().revision);
+                } else {
+                    let batch = (0..BATCH)
+                        .map(|b| upsert(spec(&format!("w{w}-{b}"), &format!("cmd{round}"))))
+                        .collect();
+                    let outcomes = store.apply(batch).await.unwrap();
+                    let batch_revisions: Vec<u64> =
+                        outcomes.iter().map(|o| o.server().revision).collect();
+                    let first = batch_revisions[0];
+                    assert_eq!(
+                        batch_revisions,
+                        (first..first + BATCH as u64).collect::<Vec<_>>(),
+                        "a batch's revisions are one contiguous range"
+                    );
+                    revisions.extend(batch_revisions);
+                }
+            }
+            revisions
+        }));
+    }
+    let mut all = BTreeSet::new();
+    for task in tasks {
+        for revision in task.await.unwrap() {
+            assert!(all.insert(revision), "revision {revision} handed out twice");
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.await.unwrap() > 0);
+    let total = (WRITERS / 2 * ROUNDS + WRITERS / 2 * ROUNDS * BATCH) as u64;
+    assert_eq!(all, (1..=total).collect());
+    let logged: Vec<u64> = f
+        .store
+        .changes_since(0, 100_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.revision)
+        .collect();
+    assert_eq!(logged, (1..=total).collect::<Vec<_>>());
+    assert_eq!(f.store.head().await.unwrap().revision, total);
+}
+
 async fn list_is_a_consistent_snapshot(f: Fixture) {
     // Revision r creates server r, so a snapshot at revision r holds exactly r servers.
     let writer = {
@@ -563,6 +775,9 @@ macro_rules! conformance {
                 change_log_is_consecutive,
                 compaction_moves_the_floor_only,
                 concurrent_writers_get_consecutive_revisions,
+                apply_takes_one_contiguous_range,
+                apply_is_all_or_nothing,
+                concurrent_batches_keep_revisions_gap_free,
                 list_is_a_consistent_snapshot,
                 subscribers_see_new_revisions,
                 history_page_spans_records,

@@ -62,9 +62,12 @@ pub enum ServersCommand {
         #[arg(long, short, value_enum, default_value = "text")]
         output: Output,
     },
-    /// Create or replace the records of a TOML or JSON file.
+    /// Create or replace the records of a TOML or JSON file, or of every
+    /// `*.toml`/`*.json` file of a directory in one batch (one transaction:
+    /// all or nothing).
     Apply {
-        /// File with one record or a [[servers]] list.
+        /// File with one record or a [[servers]] list, or a directory of such
+        /// files.
         #[arg(long, short = 'f')]
         file: PathBuf,
         /// Fail unless the record is at this revision (0: must not exist).
@@ -177,6 +180,15 @@ pub async fn run(args: ServersArgs) -> anyhow::Result<()> {
             expected_revision,
             strict,
         } => {
+            if file.is_dir() {
+                if expected_revision.is_some() {
+                    bail!(
+                        "--expected-revision applies to a single record, not to directory {}",
+                        file.display()
+                    );
+                }
+                return apply_directory(&mut client, &file, strict).await;
+            }
             let specs = read_records(&file, strict)?;
             if expected_revision.is_some() && specs.len() > 1 {
                 bail!(
@@ -277,6 +289,94 @@ pub async fn run(args: ServersArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `quiver servers apply -f DIR`: the records of every `*.toml`/`*.json`
+/// file of `dir` (sorted by name, not recursive) in one `ApplyMcpServers`.
+async fn apply_directory(
+    client: &mut RegistryClient,
+    dir: &std::path::Path,
+    strict: bool,
+) -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry
+            .with_context(|| format!("reading {}", dir.display()))?
+            .path();
+        let is_record_file = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "toml" || e == "json");
+        if is_record_file && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        bail!("{} holds no *.toml or *.json record file", dir.display());
+    }
+    // Which file each record of the batch comes from, to name it in errors.
+    let mut origins = Vec::new();
+    let mut servers = Vec::new();
+    for file in &files {
+        for spec in read_records(file, strict)? {
+            origins.push(file.clone());
+            servers.push(pb::UpsertMcpServerRequest {
+                server: Some((&spec).into()),
+                expected_revision: None,
+            });
+        }
+    }
+    let count = servers.len();
+    let response = client
+        .apply_mcp_servers(pb::ApplyMcpServersRequest { servers })
+        .await
+        .map_err(|err| {
+            let origin = batch_index(err.message())
+                .and_then(|i| origins.get(i))
+                .map(|file| format!(" (in {})", file.display()))
+                .unwrap_or_default();
+            status(err).context(format!(
+                "applying {count} records of {}{origin}; nothing was written",
+                dir.display()
+            ))
+        })?
+        .into_inner();
+    for result in &response.results {
+        let (server_id, revision) = result.server.as_ref().map_or(("?", 0), |s| {
+            (
+                s.spec.as_ref().map_or("?", |s| s.server_id.as_str()),
+                s.revision,
+            )
+        });
+        let what = if result.unchanged {
+            "unchanged"
+        } else {
+            "applied"
+        };
+        println!("{server_id}: {what} at revision {revision}");
+    }
+    let changed = response.results.iter().filter(|r| !r.unchanged).count();
+    if changed == 0 {
+        println!(
+            "{count} records from {} files: nothing changed",
+            files.len()
+        );
+    } else {
+        println!(
+            "{count} records from {} files: {changed} applied at revisions {}..={}",
+            files.len(),
+            response.first_revision,
+            response.last_revision
+        );
+    }
+    Ok(())
+}
+
+/// The record index of a batch error message (`servers[3]…`).
+fn batch_index(message: &str) -> Option<usize> {
+    let rest = message.strip_prefix("servers[")?;
+    rest[..rest.find(']')?].parse().ok()
 }
 
 fn read_records(file: &PathBuf, strict: bool) -> anyhow::Result<Vec<McpServerSpec>> {
