@@ -210,11 +210,25 @@ async fn replicas_and_a_worker_on_separate_hosts_survive_a_replica_killed_under_
 
     // Every acknowledged write is there, at its revision, seen through B.
     let mut client = b.client(Some(ADMIN)).await;
-    let listed = client
+    let mut listed = client
         .list_mcp_servers(pb::ListMcpServersRequest::default())
         .await
         .expect("list through B")
         .into_inner();
+    // An upsert a stopped writer had in flight may still commit after the
+    // list: list again until the revision stays put (a few seconds at most).
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let again = client
+            .list_mcp_servers(pb::ListMcpServersRequest::default())
+            .await
+            .expect("list through B")
+            .into_inner();
+        if again.revision == listed.revision {
+            break;
+        }
+        listed = again;
+    }
     let stored: std::collections::BTreeMap<String, u64> = listed
         .servers
         .iter()

@@ -375,6 +375,7 @@ impl From<&model::Change> for pb::WatchMcpServersResponse {
             upserts,
             deletes,
             heartbeat: false,
+            servers: Vec::new(),
         }
     }
 }

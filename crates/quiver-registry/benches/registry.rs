@@ -13,6 +13,9 @@
 //!   through sqlx on the same database engine and settings (1 and as many
 //!   connections);
 //! - upsert RPC latency against one raw `INSERT` + `COMMIT`;
+//! - batch apply (`ApplyMcpServers`, `QUIVER_BENCH_BATCH` records per call,
+//!   one client) in records/s against raw transactions of as many `INSERT`s
+//!   and one `COMMIT`, and against single upserts from all clients;
 //! - upsert → watch-event latency (from just before the upsert RPC to receipt
 //!   of the matching event on an open `WatchMcpServers` stream, one upsert at
 //!   a time) against a gRPC read that writes nothing (`GetMcpServer`);
@@ -25,7 +28,8 @@
 //! upserts per throughput phase, `QUIVER_BENCH_CLIENTS` [8] concurrent
 //! clients, `QUIVER_BENCH_EVENTS` [1000] upserts timed to their watch event,
 //! `QUIVER_BENCH_BASELINE` [1000] samples per baseline, `QUIVER_BENCH_WARMUP`
-//! [20] untimed operations before each phase, `QUIVER_BENCH_BACKENDS`
+//! [20] untimed operations before each phase, `QUIVER_BENCH_BATCH` [100]
+//! records per batch apply, `QUIVER_BENCH_BACKENDS`
 //! [`sqlite,postgres`]. PostgreSQL comes from `QUIVER_TEST_DATABASE_URL`
 //! (default `postgres://postgres@127.0.0.1:5432/postgres`); a fresh database
 //! is created and dropped.
@@ -62,6 +66,7 @@ struct Config {
     events: usize,
     baseline: usize,
     warmup: usize,
+    batch: usize,
 }
 
 impl Config {
@@ -72,6 +77,7 @@ impl Config {
             events: env_usize("QUIVER_BENCH_EVENTS", 1000).max(1),
             baseline: env_usize("QUIVER_BENCH_BASELINE", 1000).max(1),
             warmup: env_usize("QUIVER_BENCH_WARMUP", 20),
+            batch: env_usize("QUIVER_BENCH_BATCH", 100).max(1),
         }
     }
 }
@@ -298,6 +304,87 @@ async fn concurrent_upserts(
     })
 }
 
+/// `count` upserts straight into the store (no gRPC, no registry) from
+/// `tasks` concurrent tasks, each writing its own records: what the store's
+/// write path (on PostgreSQL, the head-row critical section) allows.
+async fn store_upserts(store: Arc<SqlStore>, tasks: usize, count: usize) -> BenchResult<Phase> {
+    use quiver_store::{Store, UpsertRequest};
+    let per_task = count.div_ceil(tasks);
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for t in 0..tasks {
+        let store = store.clone();
+        set.spawn(async move {
+            let mut latencies = Vec::with_capacity(per_task);
+            for i in 0..per_task {
+                let spec = quiver_model::McpServerSpec::try_from(spec(
+                    &format!("store-t{t}-{}", i % 8),
+                    i,
+                ))?;
+                let t0 = Instant::now();
+                store
+                    .upsert(UpsertRequest {
+                        spec,
+                        expected_revision: None,
+                        actor: "bench".into(),
+                        source: quiver_model::Source::Api,
+                    })
+                    .await?;
+                latencies.push(t0.elapsed());
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(per_task * tasks);
+    while let Some(joined) = set.join_next().await {
+        latencies.extend(joined??);
+    }
+    Ok(Phase {
+        ops_per_sec: rate(per_task * tasks, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
+/// `count` records (rounded up to whole batches) applied with
+/// `ApplyMcpServers` in batches of `batch` from one client; every batch
+/// changes every record. Throughput in records/s.
+async fn batch_phase(
+    client: &mut Client,
+    prefix: &str,
+    batch: usize,
+    count: usize,
+) -> BenchResult<Phase> {
+    let batches = count.div_ceil(batch);
+    let mut latencies = Vec::with_capacity(batches);
+    let started = Instant::now();
+    for b in 0..batches {
+        let servers = (0..batch)
+            .map(|i| pb::UpsertMcpServerRequest {
+                server: Some(spec(&format!("{prefix}-{i}"), b)),
+                expected_revision: None,
+            })
+            .collect();
+        let t0 = Instant::now();
+        let response = client
+            .apply_mcp_servers(pb::ApplyMcpServersRequest { servers })
+            .await?
+            .into_inner();
+        latencies.push(t0.elapsed());
+        let taken = response.last_revision + 1 - response.first_revision;
+        if response.first_revision == 0 || taken != batch as u64 {
+            return Err(format!(
+                "batch {b} took revisions {}..={}, expected {batch} consecutive ones",
+                response.first_revision, response.last_revision
+            )
+            .into());
+        }
+    }
+    Ok(Phase {
+        ops_per_sec: rate(batches * batch, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
 /// Upsert → watch-event latencies, one upsert at a time, plus how long after
 /// the upsert reply the event arrived.
 struct EventLatency {
@@ -367,6 +454,111 @@ async fn event_phase(
     })
 }
 
+/// List latencies with `QUIVER_BENCH_LIST_RECORDS` records stored.
+struct ListLatency {
+    records: usize,
+    /// `ListMcpServers` over gRPC, served from the registry's in-memory head.
+    grpc: Samples,
+    /// `GET /admin/api/mcp/servers` (admin token, unmasked), likewise.
+    rest: Samples,
+    /// The previous path, in process: the store's consistent list, the
+    /// conversion to the message and its encoding (no transport).
+    database: Samples,
+}
+
+/// Tops the store up to `QUIVER_BENCH_LIST_RECORDS` [10000] records, waits
+/// for the registry's head to reach the store's, then times
+/// `QUIVER_BENCH_LIST_SAMPLES` [50] lists of each kind.
+async fn list_phase(
+    registry: &InProcessRegistry,
+    store: &Arc<SqlStore>,
+    warmup: usize,
+) -> BenchResult<ListLatency> {
+    use quiver_store::Store;
+    let records = env_usize("QUIVER_BENCH_LIST_RECORDS", 10_000);
+    let samples = env_usize("QUIVER_BENCH_LIST_SAMPLES", 50).max(1);
+    let held = store.list().await?.servers.len();
+    let mut chunk = Vec::new();
+    for i in held..records {
+        chunk.push(quiver_store::UpsertRequest {
+            spec: quiver_model::McpServerSpec::try_from(spec(&format!("list-{i}"), i))?,
+            expected_revision: None,
+            actor: "bench".to_owned(),
+            source: quiver_model::Source::Api,
+        });
+        if chunk.len() == 500 || i + 1 == records {
+            store.apply(std::mem::take(&mut chunk)).await?;
+        }
+    }
+    let head = store.head().await?.revision;
+    let channel = Channel::from_shared(format!("http://{}", registry.grpc_addr()))?
+        .connect()
+        .await?;
+    let mut client = quiver_proto::credentials::Credentials::new(Some(ADMIN_TOKEN), None)?
+        .client(channel)
+        .max_decoding_message_size(256 * 1024 * 1024);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = client
+            .list_mcp_servers(pb::ListMcpServersRequest {})
+            .await?
+            .into_inner();
+        if listed.revision >= head {
+            if listed.servers.len() < records {
+                return Err(format!("listed {} records", listed.servers.len()).into());
+            }
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("the registry's head did not reach the store's".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/admin/api/mcp/servers", registry.http_addr());
+    let (mut grpc, mut rest, mut database) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..warmup.min(5) + samples {
+        let t0 = Instant::now();
+        let listed = client
+            .list_mcp_servers(pb::ListMcpServersRequest {})
+            .await?
+            .into_inner();
+        let grpc_took = t0.elapsed();
+        let t0 = Instant::now();
+        let body = http
+            .get(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        let rest_took = t0.elapsed();
+        let t0 = Instant::now();
+        let snapshot = store.list().await?;
+        let message = pb::ListMcpServersResponse {
+            revision: snapshot.revision,
+            servers: snapshot.servers.iter().map(Into::into).collect(),
+        };
+        let encoded = prost::Message::encode_to_vec(&message);
+        let database_took = t0.elapsed();
+        if listed.servers.len() != message.servers.len() || body.is_empty() || encoded.is_empty() {
+            return Err("lists disagree".into());
+        }
+        if i >= warmup.min(5) {
+            grpc.push(grpc_took);
+            rest.push(rest_took);
+            database.push(database_took);
+        }
+    }
+    Ok(ListLatency {
+        records,
+        grpc: Samples::new(grpc),
+        rest: Samples::new(rest),
+        database: Samples::new(database),
+    })
+}
+
 /// `count` sequential `GetMcpServer` calls of an existing record.
 async fn read_phase(client: &mut Client, server_id: &str, count: usize) -> BenchResult<Samples> {
     let mut latencies = Vec::with_capacity(count);
@@ -423,6 +615,39 @@ async fn raw_insert_phase(
     }
     Ok(Phase {
         ops_per_sec: rate(per_connection * connections, started.elapsed()),
+        latency: Samples::new(latencies),
+    })
+}
+
+/// Raw transactions of `batch` single-row `INSERT`s and one `COMMIT`, one
+/// connection; throughput in rows/s.
+async fn raw_batch_phase(
+    pool: &sqlx::AnyPool,
+    backend: Backend,
+    first_id: i64,
+    batch: usize,
+    count: usize,
+) -> BenchResult<Phase> {
+    let payload = record_sized_payload();
+    let batches = count.div_ceil(batch);
+    let mut latencies = Vec::with_capacity(batches);
+    let started = Instant::now();
+    for b in 0..batches {
+        let t0 = Instant::now();
+        let mut tx = pool.begin_with(backend.begin()).await?;
+        for i in 0..batch {
+            sqlx::query(BASELINE_INSERT)
+                .bind(first_id + (b * batch + i) as i64)
+                .bind(payload.clone())
+                .bind(i as i64)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        latencies.push(t0.elapsed());
+    }
+    Ok(Phase {
+        ops_per_sec: rate(batches * batch, started.elapsed()),
         latency: Samples::new(latencies),
     })
 }
@@ -504,6 +729,19 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
     let conc =
         concurrent_upserts(registry.grpc_addr(), "conc", config.clients, config.upserts).await?;
 
+    // The store alone, as many tasks as clients.
+    eprintln!("[{name}] store upserts, {} tasks", config.clients);
+    let store_conc = store_upserts(store.clone(), config.clients, config.upserts).await?;
+
+    // Batch apply against raw batched inserts.
+    eprintln!("[{name}] batch apply, {} records per batch", config.batch);
+    let batch = config.batch;
+    raw_batch_phase(&pool, backend, 3_000_000, batch, batch).await?;
+    let raw_batch =
+        raw_batch_phase(&pool, backend, 4_000_000, batch, config.upserts.max(batch)).await?;
+    batch_phase(&mut client, "warm-batch", batch, batch).await?;
+    let batched = batch_phase(&mut client, "batch", batch, config.upserts.max(batch)).await?;
+
     // Upsert → watch event.
     eprintln!("[{name}] upsert → watch event");
     let events = event_phase(
@@ -536,6 +774,10 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
         None => None,
     };
 
+    // Lists of many records from the in-memory head, against the database path.
+    eprintln!("[{name}] list from the in-memory head");
+    let lists = list_phase(&registry, &store, config.warmup).await?;
+
     // Baseline (b): a gRPC read that writes nothing.
     eprintln!("[{name}] gRPC read baseline");
     read_phase(&mut client, "seq-0", config.warmup).await?;
@@ -562,6 +804,34 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
         conc.ops_per_sec,
         "upsert, 1 client",
         seq.ops_per_sec,
+    );
+    report.throughput(
+        backend,
+        format!("store upsert throughput (no gRPC), {clients} tasks"),
+        store_conc.ops_per_sec,
+        &format!("raw INSERT+COMMIT, {clients} conns"),
+        raw_conc.ops_per_sec,
+    );
+    report.throughput(
+        backend,
+        format!("batch apply records/s, {batch} per batch, 1 client"),
+        batched.ops_per_sec,
+        &format!("raw {batch}×INSERT+COMMIT, 1 conn"),
+        raw_batch.ops_per_sec,
+    );
+    report.throughput(
+        backend,
+        format!("batch apply records/s, {batch} per batch, 1 client"),
+        batched.ops_per_sec,
+        &format!("single upserts, {clients} clients"),
+        conc.ops_per_sec,
+    );
+    report.latency(
+        backend,
+        format!("batch apply latency p50, {batch} per batch"),
+        batched.latency.p50(),
+        &format!("raw {batch}×INSERT+COMMIT p50"),
+        Some(raw_batch.latency.p50()),
     );
     report.latency(
         backend,
@@ -650,6 +920,32 @@ async fn bench_backend(backend: Backend, config: Config, report: &mut Report) ->
         Some(reads.p99()),
     );
 
+    let n = lists.records;
+    for (metric, value, baseline) in [
+        ("p50", lists.grpc.p50(), lists.database.p50()),
+        ("p99", lists.grpc.p99(), lists.database.p99()),
+    ] {
+        report.latency(
+            backend,
+            format!("gRPC ListMcpServers of {n} records {metric}"),
+            value,
+            &format!("store list + encode {metric} (previous path)"),
+            Some(baseline),
+        );
+    }
+    for (metric, value, baseline) in [
+        ("p50", lists.rest.p50(), lists.database.p50()),
+        ("p99", lists.rest.p99(), lists.database.p99()),
+    ] {
+        report.latency(
+            backend,
+            format!("REST list of {n} records {metric}"),
+            value,
+            &format!("store list + encode {metric} (previous path)"),
+            Some(baseline),
+        );
+    }
+
     drop(client);
     pool.close().await;
     registry.stop().await;
@@ -683,9 +979,10 @@ fn main() -> BenchResult<()> {
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     })?;
     println!(
-        "\nquiver registry benchmark: {} upserts per throughput phase, {} clients, {} timed watch events, {} samples per baseline, {} warm-up ops; {} cores; {:.1} s",
+        "\nquiver registry benchmark: {} upserts per throughput phase, {} clients, {} records per batch, {} timed watch events, {} samples per baseline, {} warm-up ops; {} cores; {:.1} s",
         config.upserts,
         config.clients,
+        config.batch,
         config.events,
         config.baseline,
         config.warmup,

@@ -9,29 +9,68 @@
 //! ring overwrites, and the watcher catches up from the change log when it
 //! resumes, or is told to resync if that part of the log was compacted.
 //! Memory per watcher is bounded by its small outgoing channel.
+//!
+//! For each new upsert the pump also reads its history row (the full record
+//! as of that revision, by key), and keeps the registry's in-memory head
+//! ([`HeadView`]) with them before it broadcasts. So lists are
+//! served from memory, and each event carries its record as of its revision:
+//! a change costs this replica the same reads (its change-log row, an
+//! upsert's history row) however many watchers follow it. The last
+//! `ring_capacity` changes also stay in memory, so a watcher that fell
+//! behind catches up without the database while it can.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quiver_model::Change;
-use quiver_store::Store;
-use tokio::sync::{broadcast, mpsc};
+use quiver_model::{Change, ChangeKind, HistoryEntry, StoredServer};
+use quiver_proto::v1 as pb;
+use quiver_store::{HistoryPage, Store, StoreError};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RegistryError;
+use crate::head::HeadView;
 
 /// Changes read from the change log per query.
 const PAGE: u32 = 512;
+/// History rows of one page read at a time.
+const RECORD_READS: usize = 4;
 /// Outgoing events buffered per watcher before it is considered stalled.
 pub const WATCHER_BUFFER: usize = 32;
 /// How long a closing stream waits to deliver its final error.
 const FINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a list waits for the in-memory head to reach the newest revision
+/// this process knows committed before it reads the database instead.
+const HEAD_WAIT: Duration = Duration::from_secs(2);
+
+/// The change of one revision, with the record it left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedChange {
+    /// The change.
+    pub change: Change,
+    /// The record exactly as of this revision, for upserts; `None` for
+    /// deletes and for changes replayed from the change log beyond the
+    /// in-memory cache (the watcher fetches those itself).
+    pub server: Option<Arc<StoredServer>>,
+}
+
+impl FeedChange {
+    /// The watch event of this change, carrying its record when known.
+    pub fn message(&self) -> pb::WatchMcpServersResponse {
+        let mut message = pb::WatchMcpServersResponse::from(&self.change);
+        if let Some(server) = &self.server {
+            message.servers.push(server.as_ref().into());
+        }
+        message
+    }
+}
 
 /// What a watcher receives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchEvent {
     /// The change of one revision.
-    Change(Arc<Change>),
+    Change(Arc<FeedChange>),
     /// Keep-alive carrying the last revision delivered on this stream.
     Heartbeat(u64),
 }
@@ -58,28 +97,104 @@ impl Default for FeedOptions {
 /// Handle to the fan-out; cheap to clone.
 #[derive(Clone)]
 pub struct ChangeFeed {
-    ring: broadcast::Sender<Arc<Change>>,
+    ring: broadcast::Sender<Arc<FeedChange>>,
+    recent: Arc<Mutex<Recent>>,
+    head: watch::Receiver<Arc<HeadView>>,
+    /// The newest revision this process knows committed (its own commits at
+    /// once, other replicas' through the store's notifications).
+    known: watch::Receiver<u64>,
     store: Arc<dyn Store>,
     heartbeat: Duration,
     shutdown: CancellationToken,
 }
 
 impl ChangeFeed {
-    /// Starts the pump; it stops when `shutdown` is cancelled.
+    /// Lists the store into the in-memory head and starts the pump; it stops
+    /// when `shutdown` is cancelled.
     pub async fn start(
         store: Arc<dyn Store>,
         options: FeedOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, RegistryError> {
-        let (ring, _) = broadcast::channel(options.ring_capacity.max(1));
-        let start = store.head().await?.revision;
-        tokio::spawn(pump(store.clone(), ring.clone(), start, shutdown.clone()));
+        let capacity = options.ring_capacity.max(1);
+        let (ring, _) = broadcast::channel(capacity);
+        let known = store.subscribe();
+        let listed = store.list().await?;
+        let (head_tx, head) = watch::channel(Arc::new(HeadView::from_list(
+            listed.revision,
+            listed.servers,
+        )));
+        let recent = Arc::new(Mutex::new(Recent {
+            changes: VecDeque::new(),
+            tip: listed.revision,
+            capacity,
+        }));
+        let pump = Pump {
+            store: store.clone(),
+            ring: ring.clone(),
+            head: head_tx,
+            recent: recent.clone(),
+            shutdown: shutdown.clone(),
+        };
+        metrics::gauge!("quiver_registry_revision").set(listed.revision as f64);
+        tokio::spawn(pump.run(listed.revision));
         Ok(ChangeFeed {
             ring,
+            recent,
+            head,
+            known,
             store,
             heartbeat: options.heartbeat,
             shutdown,
         })
+    }
+
+    /// Every record as of at least the database's head revision when asked
+    /// (one single-row read), and never older than what this process knows
+    /// committed: a client never lists an older revision than a write
+    /// acknowledged by any replica before it asked, or than one it already
+    /// saw here (a watch event). From memory; only if the pump does not get
+    /// there within a bound is the list read from the database. With the
+    /// database unreachable, memory serves what this process knows.
+    pub async fn head(&self) -> Result<Arc<HeadView>, RegistryError> {
+        let committed = self.store.head().await.map_or(0, |head| head.revision);
+        let known = committed.max(*self.known.borrow());
+        let current = self.head.borrow().clone();
+        if current.revision >= known {
+            return Ok(current);
+        }
+        let mut head = self.head.clone();
+        let reached = tokio::time::timeout(HEAD_WAIT, async {
+            head.wait_for(|view| view.revision >= known)
+                .await
+                .map(|view| view.clone())
+        })
+        .await;
+        if let Ok(Ok(view)) = reached {
+            return Ok(view);
+        }
+        metrics::counter!("quiver_registry_head_fallbacks_total").increment(1);
+        tracing::warn!(
+            known,
+            head = current.revision,
+            "the in-memory head is behind; listing from the database"
+        );
+        let listed = self.store.list().await?;
+        Ok(Arc::new(HeadView::from_list(
+            listed.revision,
+            listed.servers,
+        )))
+    }
+
+    /// The newest revision this process knows committed.
+    pub fn known_revision(&self) -> u64 {
+        *self.known.borrow()
+    }
+
+    /// The in-memory head as it is now (it may trail the database by the
+    /// changes the pump has not read yet).
+    pub fn current_head(&self) -> Arc<HeadView> {
+        self.head.borrow().clone()
     }
 
     /// Opens a watch from `since_revision`: checks it against the change log,
@@ -106,6 +221,7 @@ impl ChangeFeed {
         let (tx, rx) = mpsc::channel(WATCHER_BUFFER);
         let watcher = Watcher {
             store: self.store.clone(),
+            recent: self.recent.clone(),
             live,
             tx,
             last: since_revision,
@@ -117,45 +233,219 @@ impl ChangeFeed {
     }
 }
 
-async fn pump(
-    store: Arc<dyn Store>,
-    ring: broadcast::Sender<Arc<Change>>,
-    mut last: u64,
-    shutdown: CancellationToken,
-) {
-    let mut head = store.subscribe();
-    loop {
-        let target = *head.borrow_and_update();
-        while last < target {
-            match store.changes_since(last, PAGE).await {
-                Ok(page) if page.is_empty() => break,
-                Ok(page) => {
-                    for change in page {
-                        last = change.revision;
-                        // No receivers is fine: nobody is watching.
-                        let _ = ring.send(Arc::new(change));
-                    }
-                    metrics::gauge!("quiver_registry_revision").set(last as f64);
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "reading the change log failed; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(250)) => {}
-                    }
-                }
-            }
+/// Recent changes with their records, the last `capacity` revisions up to
+/// `tip` (the pump's last revision), for watchers catching up.
+struct Recent {
+    changes: VecDeque<Arc<FeedChange>>,
+    tip: u64,
+    capacity: usize,
+}
+
+/// What the in-memory cache holds after a revision.
+enum Cached {
+    /// Nothing after it yet: the ring brings what follows.
+    UpToDate,
+    /// The changes after it (consecutive, at most a page).
+    Changes(Vec<Arc<FeedChange>>),
+    /// It is older than the cache: read the change log.
+    Older,
+}
+
+impl Recent {
+    fn push(&mut self, changes: &[Arc<FeedChange>], tip: u64) {
+        self.changes.extend(changes.iter().cloned());
+        while self.changes.len() > self.capacity {
+            self.changes.pop_front();
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            changed = head.changed() => if changed.is_err() { return },
+        self.tip = tip;
+    }
+
+    fn after(&self, last: u64) -> Cached {
+        if last >= self.tip {
+            return Cached::UpToDate;
+        }
+        match self.changes.front() {
+            Some(first) if first.change.revision <= last + 1 => {
+                let skip = usize::try_from(last + 1 - first.change.revision).unwrap_or(usize::MAX);
+                Cached::Changes(
+                    self.changes
+                        .iter()
+                        .skip(skip)
+                        .take(PAGE as usize)
+                        .cloned()
+                        .collect(),
+                )
+            }
+            _ => Cached::Older,
         }
     }
 }
 
+/// Follows the store's head: reads the history rows of new revisions once,
+/// moves the in-memory head on, then broadcasts.
+struct Pump {
+    store: Arc<dyn Store>,
+    ring: broadcast::Sender<Arc<FeedChange>>,
+    head: watch::Sender<Arc<HeadView>>,
+    recent: Arc<Mutex<Recent>>,
+    shutdown: CancellationToken,
+}
+
+impl Pump {
+    async fn run(self, mut last: u64) {
+        let mut known = self.store.subscribe();
+        loop {
+            let target = *known.borrow_and_update();
+            while last < target {
+                let retry = match self.next_page(last).await {
+                    Ok(None) => break,
+                    Ok(Some(reached)) => {
+                        last = reached;
+                        false
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "reading new changes failed; retrying");
+                        true
+                    }
+                };
+                if retry {
+                    tokio::select! {
+                        () = self.shutdown.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    }
+                }
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                changed = known.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// Reads and applies the changes after `last` (a page); returns the
+    /// revision reached, `None` when there was nothing new.
+    async fn next_page(&self, last: u64) -> Result<Option<u64>, StoreError> {
+        let page = self.store.changes_since(last, PAGE).await?;
+        let Some(first) = page.first() else {
+            return Ok(None);
+        };
+        if first.revision != last + 1 {
+            // This pump fell behind the change log's compaction floor:
+            // start over from a list. Watchers behind it are told to
+            // resync when they find the gap (the change log is compacted).
+            let listed = self.store.list().await?;
+            tracing::warn!(
+                after = last,
+                listed = listed.revision,
+                "the change feed fell behind the compacted change log; listed again"
+            );
+            self.head.send_replace(Arc::new(HeadView::from_list(
+                listed.revision,
+                listed.servers,
+            )));
+            if let Ok(mut recent) = self.recent.lock() {
+                recent.changes.clear();
+                recent.tip = self.head.borrow().revision;
+            }
+            return Ok(Some(self.head.borrow().revision));
+        }
+        // The record of each upsert exactly as of its revision: its history
+        // row, found through the (server_id, revision) key.
+        let mut entries: Vec<Option<HistoryEntry>> = Vec::with_capacity(page.len());
+        for chunk in page.chunks(RECORD_READS) {
+            entries.extend(
+                futures::future::try_join_all(chunk.iter().map(|change| self.entry_of(change)))
+                    .await?,
+            );
+        }
+        Ok(Some(self.apply(page, entries)))
+    }
+
+    async fn entry_of(&self, change: &Change) -> Result<Option<HistoryEntry>, StoreError> {
+        if change.kind != ChangeKind::Upsert {
+            return Ok(None);
+        }
+        let rows = self
+            .store
+            .history_page(HistoryPage::After {
+                after: change.revision - 1,
+                server_id: Some(&change.server_id),
+                limit: 1,
+            })
+            .await?;
+        match rows.into_iter().next() {
+            Some(row) if row.entry.revision == change.revision => Ok(Some(row.entry)),
+            _ => Err(StoreError::Corrupt(format!(
+                "no history row for revision {} of {:?}",
+                change.revision, change.server_id
+            ))),
+        }
+    }
+
+    /// Applies consecutive changes to the head, publishes it, then the
+    /// changes; returns the last revision.
+    fn apply(&self, page: Vec<Change>, entries: Vec<Option<HistoryEntry>>) -> u64 {
+        let current = self.head.borrow().clone();
+        let mut servers: BTreeMap<String, Arc<StoredServer>> = current.servers.clone();
+        let changes: Vec<Arc<FeedChange>> = page
+            .into_iter()
+            .zip(entries)
+            .map(|(change, entry)| Arc::new(apply_change(&mut servers, change, entry)))
+            .collect();
+        let last = changes
+            .last()
+            .map_or(current.revision, |c| c.change.revision);
+        // The head first: a client that saw an event lists at least its revision.
+        self.head
+            .send_replace(Arc::new(HeadView::new(last, servers)));
+        if let Ok(mut recent) = self.recent.lock() {
+            recent.push(&changes, last);
+        }
+        for change in &changes {
+            // No receivers is fine: nobody is watching.
+            let _ = self.ring.send(change.clone());
+        }
+        metrics::gauge!("quiver_registry_revision").set(last as f64);
+        last
+    }
+}
+
+/// Applies one change to `servers`; an upsert's `entry` is its history row,
+/// from which the record is rebuilt as a read returns it.
+fn apply_change(
+    servers: &mut BTreeMap<String, Arc<StoredServer>>,
+    change: Change,
+    entry: Option<HistoryEntry>,
+) -> FeedChange {
+    let server = match entry.and_then(|entry| entry.spec.map(|spec| (spec, entry.source))) {
+        Some((spec, source)) => {
+            // A record created again after a delete starts over.
+            let created_at = servers
+                .get(&change.server_id)
+                .map_or(change.at, |held| held.created_at);
+            let server = Arc::new(StoredServer {
+                spec,
+                revision: change.revision,
+                created_at,
+                updated_at: change.at,
+                updated_by: change.actor.clone(),
+                source,
+            });
+            servers.insert(change.server_id.clone(), server.clone());
+            Some(server)
+        }
+        None => {
+            servers.remove(&change.server_id);
+            None
+        }
+    };
+    FeedChange { change, server }
+}
+
 struct Watcher {
     store: Arc<dyn Store>,
-    live: broadcast::Receiver<Arc<Change>>,
+    recent: Arc<Mutex<Recent>>,
+    live: broadcast::Receiver<Arc<FeedChange>>,
     tx: mpsc::Sender<Result<WatchEvent, RegistryError>>,
     last: u64,
     heartbeat: Duration,
@@ -195,8 +485,8 @@ impl Watcher {
                 () = self.tx.closed() => return Stop::ClientGone,
                 received = self.live.recv() => {
                     let result = match received {
-                        Ok(change) if change.revision <= self.last => Ok(()),
-                        Ok(change) if change.revision == self.last + 1 => self.send_change(change).await,
+                        Ok(change) if change.change.revision <= self.last => Ok(()),
+                        Ok(change) if change.change.revision == self.last + 1 => self.send_change(change).await,
                         // A gap (compaction) or a lag: the change log knows the rest.
                         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up().await,
                         Err(broadcast::error::RecvError::Closed) => Err(Stop::Error(
@@ -216,9 +506,24 @@ impl Watcher {
         }
     }
 
-    /// Sends every change after `last` that the change log holds.
+    /// Sends every change after `last` up to the pump's: from memory while
+    /// it holds them, else from the change log.
     async fn catch_up(&mut self) -> Result<(), Stop> {
         loop {
+            let cached = match self.recent.lock() {
+                Ok(recent) => recent.after(self.last),
+                Err(_) => Cached::Older,
+            };
+            match cached {
+                Cached::UpToDate => return Ok(()),
+                Cached::Changes(changes) => {
+                    for change in changes {
+                        self.send_change(change).await?;
+                    }
+                    continue;
+                }
+                Cached::Older => {}
+            }
             let page = self
                 .store
                 .changes_since(self.last, PAGE)
@@ -234,13 +539,17 @@ impl Watcher {
                 ))));
             }
             for change in page {
-                self.send_change(Arc::new(change)).await?;
+                self.send_change(Arc::new(FeedChange {
+                    change,
+                    server: None,
+                }))
+                .await?;
             }
         }
     }
 
-    async fn send_change(&mut self, change: Arc<Change>) -> Result<(), Stop> {
-        let revision = change.revision;
+    async fn send_change(&mut self, change: Arc<FeedChange>) -> Result<(), Stop> {
+        let revision = change.change.revision;
         self.send(WatchEvent::Change(change)).await?;
         self.last = revision;
         Ok(())

@@ -74,6 +74,91 @@ fn health_state(state: i32) -> &'static str {
     }
 }
 
+/// The path of `ListMcpServers`, answered by [`encoded_list_route`].
+pub const LIST_PATH: &str = "/quiver.registry.v1.McpRegistryService/ListMcpServers";
+
+/// A route that answers `ListMcpServers` with the head's encoding, made
+/// once per revision ([`crate::head::HeadView::grpc_list`]), instead of
+/// tonic encoding the whole list for every call. Merged in front of the
+/// tonic services; same credential check and errors as the service.
+pub fn encoded_list_route(state: RegistryState) -> axum::Router {
+    axum::Router::new().route(
+        LIST_PATH,
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, _request: axum::body::Bytes| {
+                let state = state.clone();
+                async move { encoded_list(&state, &headers).await }
+            },
+        ),
+    )
+}
+
+async fn encoded_list(
+    state: &RegistryState,
+    headers: &axum::http::HeaderMap,
+) -> axum::response::Response {
+    let head = async {
+        let header = headers
+            .get("authorization")
+            .and_then(|value| value.to_str().ok());
+        state.auth.authenticate(header)?.require(Role::Worker)?;
+        state.feed.head().await
+    }
+    .await;
+    let head = match head {
+        Ok(head) => head,
+        Err(err) => return Status::from(err).into_http(),
+    };
+    let message = head.grpc_list();
+    // The gRPC length prefix: not compressed, then the length (big endian).
+    let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
+    let mut prefix = Vec::with_capacity(5);
+    prefix.push(0);
+    prefix.extend_from_slice(&length.to_be_bytes());
+    let body = OneMessage {
+        chunks: vec![message, bytes::Bytes::from(prefix)],
+        trailers: true,
+    };
+    let mut response = axum::response::Response::new(axum::body::Body::new(body));
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// A gRPC response body of one encoded message and an OK status.
+struct OneMessage {
+    /// Popped from the back: the prefix first.
+    chunks: Vec<bytes::Bytes>,
+    trailers: bool,
+}
+
+impl http_body::Body for OneMessage {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(chunk) = this.chunks.pop() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+        }
+        if std::mem::take(&mut this.trailers) {
+            let mut trailers = axum::http::HeaderMap::new();
+            trailers.insert("grpc-status", axum::http::HeaderValue::from_static("0"));
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
+        }
+        std::task::Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.chunks.is_empty() && !self.trailers
+    }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchMcpServersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -82,12 +167,12 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::ListMcpServersRequest>,
     ) -> Result<Response<pb::ListMcpServersResponse>, Status> {
+        // The registry's listener answers this call with the encoded head
+        // before it gets here ([`encoded_list_route`]); this path serves other
+        // embeddings of the service.
         self.role(&request, Role::Worker)?;
-        let snapshot = self.state.store.list().await.map_err(RegistryError::from)?;
-        Ok(Response::new(pb::ListMcpServersResponse {
-            revision: snapshot.revision,
-            servers: snapshot.servers.iter().map(Into::into).collect(),
-        }))
+        let head = self.state.feed.head().await?;
+        Ok(Response::new(head.list_message()))
     }
 
     async fn get_mcp_server(
@@ -121,9 +206,7 @@ impl McpRegistryService for GrpcService {
             .watch(request.get_ref().since_revision)
             .await?;
         let stream = ReceiverStream::new(events).map(|event| match event {
-            Ok(WatchEvent::Change(change)) => {
-                Ok(pb::WatchMcpServersResponse::from(change.as_ref()))
-            }
+            Ok(WatchEvent::Change(change)) => Ok(change.message()),
             Ok(WatchEvent::Heartbeat(revision)) => Ok(pb::WatchMcpServersResponse {
                 revision,
                 heartbeat: true,
@@ -157,6 +240,41 @@ impl McpRegistryService for GrpcService {
         Ok(Response::new(pb::UpsertMcpServerResponse {
             unchanged: matches!(outcome, UpsertOutcome::Unchanged(_)),
             server: Some(outcome.server().into()),
+        }))
+    }
+
+    async fn apply_mcp_servers(
+        &self,
+        request: Request<pb::ApplyMcpServersRequest>,
+    ) -> Result<Response<pb::ApplyMcpServersResponse>, Status> {
+        self.role(&request, Role::Admin)?;
+        let actor = Self::actor(&request);
+        let mut requests = Vec::new();
+        for (index, entry) in request.into_inner().servers.into_iter().enumerate() {
+            let spec = entry.server.ok_or_else(|| {
+                RegistryError::invalid("server", "missing record").in_record(index)
+            })?;
+            let spec = McpServerSpec::try_from(spec)
+                .map_err(|err| RegistryError::from(err).in_record(index))?;
+            requests.push(UpsertRequest {
+                spec,
+                expected_revision: entry.expected_revision,
+                actor: actor.clone(),
+                source: Source::Api,
+            });
+        }
+        let outcomes = self.state.apply(requests).await?;
+        let (first_revision, last_revision) = crate::state::revision_range(&outcomes);
+        Ok(Response::new(pb::ApplyMcpServersResponse {
+            results: outcomes
+                .iter()
+                .map(|outcome| pb::UpsertMcpServerResponse {
+                    unchanged: matches!(outcome, UpsertOutcome::Unchanged(_)),
+                    server: Some(outcome.server().into()),
+                })
+                .collect(),
+            first_revision,
+            last_revision,
         }))
     }
 
@@ -196,7 +314,8 @@ impl McpRegistryService for GrpcService {
     ) -> Result<Response<pb::ReportWorkerStatusResponse>, Status> {
         self.role(&request, Role::Worker)?;
         let report = request.into_inner();
-        let head = self.state.store.head().await.map_err(RegistryError::from)?;
+        // From memory: a report per worker every few seconds costs no read.
+        let head_revision = self.state.feed.known_revision();
         self.state.workers.report(
             WorkerStatus {
                 worker_id: report.worker_id,
@@ -217,10 +336,10 @@ impl McpRegistryService for GrpcService {
                     .collect(),
                 reported_at: chrono::Utc::now(),
             },
-            head.revision,
+            head_revision,
         )?;
         Ok(Response::new(pb::ReportWorkerStatusResponse {
-            head_revision: head.revision,
+            head_revision,
         }))
     }
 }

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod error;
 pub mod feed;
 pub mod grpc;
+pub mod head;
 pub mod preview;
 pub mod rest;
 mod server;

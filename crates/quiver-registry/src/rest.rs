@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use quiver_model::{
     ChangeKind, Format, HistoryEntry, McpServerSpec, Source, StoredServer, Strictness,
-    parse_document, parse_record,
+    parse_document, parse_record, parse_record_value,
 };
 use quiver_store::{DeleteRequest, MAX_REVISION, UpsertOutcome, UpsertRequest};
 use serde::Deserialize;
@@ -68,6 +68,7 @@ pub fn router() -> Router<RegistryState> {
         .route("/mcp/servers/{id}/history", get(server_history))
         .route("/mcp/servers/{id}/rollback", post(rollback_server))
         .route("/mcp/import", post(import))
+        .route("/servers/apply", post(apply_servers))
         .route("/mcp/rescan", post(rescan))
         .route("/mcp/preview", post(preview_tools))
         .route("/mcp/evaluate", post(evaluate_tools))
@@ -343,13 +344,13 @@ async fn list_servers(
     Params(query): Params,
 ) -> Result<Response, RegistryError> {
     let masked = caller.masks(&query)?;
-    let snapshot = state.store.list().await?;
-    let servers: Vec<_> = snapshot
-        .servers
-        .into_iter()
-        .map(|s| present(s, masked))
-        .collect();
-    Ok(axum::Json(json!({"revision": snapshot.revision, "servers": servers})).into_response())
+    // From the in-memory head, encoded once per revision.
+    let head = state.feed.head().await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        head.rest_list(masked),
+    )
+        .into_response())
 }
 
 async fn get_server(
@@ -570,6 +571,109 @@ async fn import(
         });
     }
     Ok(axum::Json(json!({"results": results})).into_response())
+}
+
+/// Applies many records in one transaction (`ApplyMcpServers` over REST):
+/// `{"servers": [record, …], "expected_revisions": {"id": n, …}?}`. All or
+/// nothing; an error names the record (`servers[i]…`, and `index`). A
+/// record with masked values keeps the stored values and expects the
+/// revision they were read at, so a concurrent change fails the batch
+/// instead of being overwritten.
+async fn apply_servers(
+    caller: Caller,
+    State(state): State<RegistryState>,
+    body: Bytes,
+) -> Result<Response, RegistryError> {
+    caller.require_admin()?;
+    let body: Value =
+        serde_json::from_str(body_text(&body)?).map_err(|err| RegistryError::InvalidArgument {
+            field: None,
+            message: format!("request body is not JSON: {err}"),
+        })?;
+    let Value::Object(mut body) = body else {
+        return Err(RegistryError::InvalidArgument {
+            field: None,
+            message: "expected an object with \"servers\"".into(),
+        });
+    };
+    let records = match body.remove("servers") {
+        Some(Value::Array(records)) => records,
+        _ => {
+            return Err(RegistryError::invalid(
+                "servers",
+                "expected an array of records",
+            ));
+        }
+    };
+    let expected: HashMap<String, u64> = match body.remove("expected_revisions") {
+        None | Some(Value::Null) => HashMap::new(),
+        Some(value) => serde_json::from_value(value).map_err(|err| {
+            RegistryError::invalid(
+                "expected_revisions",
+                format!("expected an object of revision numbers: {err}"),
+            )
+        })?,
+    };
+    if let Some(key) = body.keys().next() {
+        return Err(RegistryError::invalid(key.clone(), "unknown field"));
+    }
+    let mut requests = Vec::with_capacity(records.len());
+    for (index, value) in records.into_iter().enumerate() {
+        let spec = parse_record_value(value, Strictness::Strict)
+            .map_err(|err| RegistryError::from(err).in_record(index))?
+            .spec;
+        let mut expected_revision = expected.get(&spec.server_id).copied();
+        let spec = if spec.has_masked_values() {
+            let stored = state
+                .store
+                .get(&spec.server_id)
+                .await
+                .map_err(|err| RegistryError::from(err).in_record(index))?;
+            let current = stored.as_ref().map_or(0, |s| s.revision);
+            expected_revision = Some(expected_revision.unwrap_or(current));
+            let mut spec = spec;
+            spec.restore_masked(stored.as_ref().map(|s| &s.spec))
+                .map_err(|err| RegistryError::from(err).in_record(index))?;
+            spec
+        } else {
+            spec
+        };
+        requests.push(UpsertRequest {
+            spec,
+            expected_revision,
+            actor: caller.actor.clone(),
+            source: Source::Admin,
+        });
+    }
+    if let Some(id) = expected
+        .keys()
+        .find(|id| !requests.iter().any(|r| &r.spec.server_id == *id))
+    {
+        return Err(RegistryError::invalid(
+            format!("expected_revisions.{id}"),
+            "names no record of the batch",
+        ));
+    }
+    let outcomes = state.apply(requests).await?;
+    let (first_revision, last_revision) = crate::state::revision_range(&outcomes);
+    let results: Vec<Value> = outcomes
+        .iter()
+        .map(|outcome| {
+            let outcome_name = match outcome {
+                UpsertOutcome::Created(_) => "created",
+                UpsertOutcome::Updated(_) => "updated",
+                UpsertOutcome::Unchanged(_) => "unchanged",
+            };
+            let server = outcome.server();
+            json!({"server_id": server.spec.server_id, "outcome": outcome_name, "revision": server.revision})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "first_revision": first_revision,
+        "last_revision": last_revision,
+        "results": results,
+    }))
+    .into_response())
 }
 
 /// `err` about a field of the `index`-th record of a multi-record document,

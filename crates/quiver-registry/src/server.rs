@@ -278,7 +278,11 @@ impl Registry {
         let grpc = Listener::new("registry_grpc", grpc_listener, &connections)
             .http2_only()
             .with_tls(tls.clone())
-            .serve(grpc_routes.into_axum_router(), shutdown.clone());
+            .serve(
+                crate::grpc::encoded_list_route(state.clone())
+                    .merge(grpc_routes.into_axum_router()),
+                shutdown.clone(),
+            );
         let http = Listener::new("registry_http", http_listener, &connections)
             .with_tls(tls)
             .serve(

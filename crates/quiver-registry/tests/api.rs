@@ -180,7 +180,7 @@ async fn drain_feed(
             .await
             .expect("feed stalled")
         {
-            Some(Ok(WatchEvent::Change(change))) => seen.push(change.revision),
+            Some(Ok(WatchEvent::Change(change))) => seen.push(change.change.revision),
             Some(Ok(WatchEvent::Heartbeat(_))) => {}
             Some(Err(err)) => panic!("stream ended with {err}"),
             None => panic!("stream closed"),
@@ -288,8 +288,8 @@ async fn a_watcher_behind_a_compaction_is_told_to_resync() {
             .unwrap()
         {
             Some(Ok(WatchEvent::Change(change))) => {
-                assert_eq!(change.revision, last + 1, "no gap before the error");
-                last = change.revision;
+                assert_eq!(change.change.revision, last + 1, "no gap before the error");
+                last = change.change.revision;
             }
             Some(Ok(WatchEvent::Heartbeat(_))) => {}
             Some(Err(err)) => break err,

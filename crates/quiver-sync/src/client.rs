@@ -270,7 +270,7 @@ impl RegistryClient {
     }
 }
 
-fn convert(server: pb::McpServer) -> Result<StoredServer, SyncError> {
+pub(crate) fn convert(server: pb::McpServer) -> Result<StoredServer, SyncError> {
     let server_id = server
         .spec
         .as_ref()

@@ -1,7 +1,9 @@
 //! Applying watch events to the published snapshot (R-SYNC-2, R-SYNC-5).
 //!
-//! Events are light (ids only), so upserted records are fetched one by one
-//! with `GetMcpServer`. A fetch returns the record as it is *now*, which may
+//! Events carry the upserted records as of their revision; from a registry
+//! that sends ids only (an older one, or a replay older than its cache) the
+//! records are fetched one by one with `GetMcpServer`. A fetch returns the
+//! record as it is *now*, which may
 //! be newer than the event being applied (a later change is already
 //! committed, its event still on the way). Publishing such a record under
 //! the event's revision would show a state the registry never had, so the
@@ -265,7 +267,7 @@ mod tests {
             revision,
             upserts: upserts.iter().map(|s| (*s).to_owned()).collect(),
             deletes: deletes.iter().map(|s| (*s).to_owned()).collect(),
-            heartbeat: false,
+            ..Default::default()
         }
     }
 

@@ -1,8 +1,9 @@
 //! The worker's view of the registry (docs/reference.md §6).
 //!
 //! [`SyncService`] lists the registry's records, then follows
-//! `WatchMcpServers` from that revision, fetching each upserted record with
-//! `GetMcpServer`, and publishes every consistent state as an immutable
+//! `WatchMcpServers` from that revision, taking each upserted record from
+//! its event (or, when the event does not carry it, fetching it with
+//! `GetMcpServer`), and publishes every consistent state as an immutable
 //! [`Snapshot`] swapped atomically behind a [`SnapshotHandle`]: readers call
 //! [`SnapshotHandle::current`] per request without locking, and subscribers
 //! learn which server ids changed so caches and connections of untouched

@@ -10,7 +10,7 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Connector, RegistryClient};
+use crate::client::{Connector, RegistryClient, convert};
 use crate::follow::{Follower, Plan};
 use crate::report::{HealthSource, Reporter};
 use crate::snapshot::{Shared, SnapshotHandle};
@@ -170,7 +170,7 @@ impl SyncService {
             let Plan::Fetch(ids) = follower.plan(&event)? else {
                 continue;
             };
-            let fetched = fetch(&client, ids).await?;
+            let fetched = fetch(&client, &event, ids).await?;
             follower.apply(&event, fetched);
             if follower.is_stuck() {
                 tracing::info!(
@@ -184,13 +184,37 @@ impl SyncService {
     }
 }
 
+/// The records an event needs: those it carries (as of its revision), the
+/// rest (an older registry, a replay beyond its cache) with `GetMcpServer`.
 async fn fetch(
     client: &RegistryClient,
+    event: &quiver_proto::v1::WatchMcpServersResponse,
     ids: Vec<String>,
 ) -> Result<Vec<(String, Option<quiver_model::StoredServer>)>, SyncError> {
-    try_join_all(ids.into_iter().map(|id| async move {
-        let server = client.get(id.clone()).await?;
-        Ok::<_, SyncError>((id, server))
-    }))
-    .await
+    let mut records = Vec::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    for id in ids {
+        let carried = event.servers.iter().find(|server| {
+            server.revision == event.revision
+                && server
+                    .spec
+                    .as_ref()
+                    .is_some_and(|spec| spec.server_id == id)
+        });
+        match carried {
+            Some(server) => records.push((id, Some(convert(server.clone())?))),
+            None => missing.push(id),
+        }
+    }
+    if !missing.is_empty() {
+        metrics::counter!("quiver_worker_registry_fetches_total").increment(missing.len() as u64);
+    }
+    records.extend(
+        try_join_all(missing.into_iter().map(|id| async move {
+            let server = client.get(id.clone()).await?;
+            Ok::<_, SyncError>((id, server))
+        }))
+        .await?,
+    );
+    Ok(records)
 }

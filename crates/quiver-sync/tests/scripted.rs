@@ -115,6 +115,13 @@ impl McpRegistryService for Fake {
         Err(Status::unimplemented("read-only fake"))
     }
 
+    async fn apply_mcp_servers(
+        &self,
+        _: Request<pb::ApplyMcpServersRequest>,
+    ) -> Result<Response<pb::ApplyMcpServersResponse>, Status> {
+        Err(Status::unimplemented("read-only fake"))
+    }
+
     async fn delete_mcp_server(
         &self,
         _: Request<pb::DeleteMcpServerRequest>,
@@ -167,7 +174,7 @@ fn event(revision: u64, upserts: &[&str], deletes: &[&str]) -> pb::WatchMcpServe
         revision,
         upserts: upserts.iter().map(|s| (*s).to_owned()).collect(),
         deletes: deletes.iter().map(|s| (*s).to_owned()).collect(),
-        heartbeat: false,
+        ..Default::default()
     }
 }
 
@@ -357,4 +364,49 @@ async fn a_gap_in_the_stream_triggers_a_full_resync() {
     assert_eq!(setup.fake.with(|s| s.watch_calls.clone()), [1, 4]);
     let error = setup.handle.last_error().unwrap();
     assert!(error.contains("jumped from revision 1 to 3"), "{error}");
+}
+
+#[tokio::test]
+async fn records_carried_in_events_need_no_fetch() {
+    let fake = Fake::default();
+    fake.with(|s| s.lists = [(1, vec![record("a", 1)])].into());
+    let setup = setup(fake, |_| {}).await;
+    eventually("ready and watching", Duration::from_secs(3), || {
+        setup.handle.is_ready() && setup.fake.with(|s| s.stream.is_some())
+    })
+    .await;
+    let stream = setup.fake.stream();
+    // What `GetMcpServer` would answer differs: a fetch would show.
+    setup.fake.with(|s| {
+        s.records.insert("a".into(), record("a", 9));
+        s.records.insert("b".into(), record("b", 9));
+    });
+    let mut carried = event(2, &["a"], &[]);
+    carried.servers = vec![record("a", 2)];
+    stream.send(Ok(carried)).await.unwrap();
+    let mut created = event(3, &["b"], &[]);
+    created.servers = vec![record("b", 3)];
+    stream.send(Ok(created)).await.unwrap();
+    stream.send(Ok(event(4, &[], &["a"]))).await.unwrap();
+    eventually("revision 4", Duration::from_secs(3), || {
+        setup.handle.current().revision == 4
+    })
+    .await;
+    let snapshot = setup.handle.current();
+    assert!(snapshot.get("a").is_none());
+    assert_eq!(snapshot.get("b").unwrap().revision, 3);
+    assert_eq!(setup.fake.with(|s| s.get_calls), 0, "no GetMcpServer");
+
+    // An event without its record (an older registry): fetched as before.
+    setup
+        .fake
+        .with(|s| s.records.insert("c".into(), record("c", 5)));
+    stream.send(Ok(event(5, &["c"], &[]))).await.unwrap();
+    eventually("revision 5", Duration::from_secs(3), || {
+        setup.handle.current().revision == 5
+    })
+    .await;
+    assert_eq!(setup.handle.current().get("c").unwrap().revision, 5);
+    assert_eq!(setup.fake.with(|s| s.get_calls), 1);
+    assert!(!setup.handle.is_degraded());
 }

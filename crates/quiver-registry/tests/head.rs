@@ -1,0 +1,360 @@
+//! Reads served from the registry's in-memory head (docs/reference.md §3):
+//! lists follow writes on every replica of one database, never go back to
+//! an older revision than a client saw on that replica, and equal what the
+//! database holds; watch events carry their records, so a change costs the
+//! registry the same database reads however many workers watch.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use common::{ADMIN, TestRegistry, WORKER, spec};
+use quiver_model::approval::{
+    Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
+};
+use quiver_model::{Change, HistoryEntry, StoredServer};
+use quiver_proto::credentials::Credentials;
+use quiver_proto::v1 as pb;
+use quiver_registry::Registry;
+use quiver_store::{
+    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, Snapshot, SqlStore,
+    Store, StoreError, UpsertOutcome, UpsertRequest,
+};
+use quiver_testkit::postgres::TestDatabase;
+use quiver_testkit::registry::test_options;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+fn upsert(id: &str, command: &str) -> pb::UpsertMcpServerRequest {
+    pb::UpsertMcpServerRequest {
+        server: Some((&spec(id, command)).into()),
+        expected_revision: None,
+    }
+}
+
+async fn list(registry: &TestRegistry) -> pb::ListMcpServersResponse {
+    let mut client = registry.client(Some(WORKER)).await;
+    client
+        .list_mcp_servers(pb::ListMcpServersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The records of the store at its head, as the gRPC list shows them.
+async fn database_list(store: &SqlStore) -> pb::ListMcpServersResponse {
+    let snapshot = store.list().await.unwrap();
+    pb::ListMcpServersResponse {
+        revision: snapshot.revision,
+        servers: snapshot.servers.iter().map(Into::into).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_follow_writes_on_every_replica_of_one_database() {
+    let db = TestDatabase::create().await;
+    let open = || async { Arc::new(SqlStore::open_postgres(db.url()).await.unwrap()) };
+    let a = TestRegistry::start(open().await, test_options()).await;
+    let b = TestRegistry::start(open().await, test_options()).await;
+    let mut admin_a = a.client(Some(ADMIN)).await;
+    let mut admin_b = b.client(Some(ADMIN)).await;
+    let mut reader_b = b.client(Some(WORKER)).await;
+    let mut seen_on_b = 0;
+    for i in 0..12 {
+        // Writes alternate between the replicas; a record is deleted and
+        // created again (its `created_at` starts over).
+        let (admin, id) = if i % 2 == 0 {
+            (&mut admin_a, format!("s{}", i % 5))
+        } else {
+            (&mut admin_b, format!("s{}", i % 3))
+        };
+        let written = admin
+            .upsert_mcp_server(upsert(&id, &format!("cmd{i}")))
+            .await
+            .unwrap()
+            .into_inner()
+            .server
+            .unwrap();
+        if i == 6 {
+            admin
+                .delete_mcp_server(pb::DeleteMcpServerRequest {
+                    server_id: "s0".into(),
+                    expected_revision: None,
+                })
+                .await
+                .unwrap();
+        }
+        // Read your write, on the replica written to.
+        let own = if i % 2 == 0 {
+            list(&a).await
+        } else {
+            list(&b).await
+        };
+        assert!(own.revision >= written.revision, "{i}: stale list");
+        if i != 6 || id != "s0" {
+            assert!(own.servers.contains(&written), "{i}: {id} missing");
+        }
+        // The other replica never goes back.
+        let other = reader_b
+            .list_mcp_servers(pb::ListMcpServersRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(other.revision >= seen_on_b, "{i}: b went backwards");
+        seen_on_b = other.revision;
+    }
+    admin_a
+        .upsert_mcp_server(upsert("s0", "again"))
+        .await
+        .unwrap();
+    // Both replicas converge on exactly what the database holds.
+    let expected = database_list(&a.store).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for registry in [&a, &b] {
+        loop {
+            let listed = list(registry).await;
+            if listed == expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} at {} never matched the database at {}",
+                registry.grpc,
+                listed.revision,
+                expected.revision
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The REST list is the same head.
+        let (status, body) = common::rest(
+            registry,
+            reqwest::Method::GET,
+            "/admin/api/mcp/servers",
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["revision"], expected.revision);
+        assert_eq!(
+            body["servers"].as_array().unwrap().len(),
+            expected.servers.len()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_events_carry_their_records_as_of_their_revision() {
+    let registry = TestRegistry::sqlite(|_| {}).await;
+    let mut admin = registry.client(Some(ADMIN)).await;
+    let mut worker = registry.client(Some(WORKER)).await;
+    let mut stream = worker
+        .watch_mcp_servers(pb::WatchMcpServersRequest { since_revision: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = admin
+        .upsert_mcp_server(upsert("a", "one"))
+        .await
+        .unwrap()
+        .into_inner()
+        .server
+        .unwrap();
+    let second = admin
+        .upsert_mcp_server(upsert("a", "two"))
+        .await
+        .unwrap()
+        .into_inner()
+        .server
+        .unwrap();
+    admin
+        .delete_mcp_server(pb::DeleteMcpServerRequest {
+            server_id: "a".into(),
+            expected_revision: None,
+        })
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while events.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if !event.heartbeat {
+            events.push(event);
+        }
+    }
+    // Each event holds the record as of its own revision, not the newest.
+    assert_eq!(events[0].servers, [first]);
+    assert_eq!(events[1].servers, [second]);
+    assert_eq!(events[2].deletes, ["a"]);
+    assert!(events[2].servers.is_empty());
+}
+
+/// A store that counts the reads reaching the database.
+struct CountingStore {
+    inner: SqlStore,
+    reads: AtomicUsize,
+}
+
+impl CountingStore {
+    fn read(&self) {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    async fn list(&self) -> Result<Snapshot, StoreError> {
+        self.read();
+        self.inner.list().await
+    }
+    async fn get(&self, server_id: &str) -> Result<Option<StoredServer>, StoreError> {
+        self.read();
+        self.inner.get(server_id).await
+    }
+    async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, StoreError> {
+        self.inner.upsert(request).await
+    }
+    async fn apply(&self, requests: Vec<UpsertRequest>) -> Result<Vec<UpsertOutcome>, StoreError> {
+        self.inner.apply(requests).await
+    }
+    async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError> {
+        self.inner.delete(request).await
+    }
+    async fn history(&self, server_id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
+        self.read();
+        self.inner.history(server_id).await
+    }
+    async fn history_page(&self, page: HistoryPage<'_>) -> Result<Vec<HistoryRow>, StoreError> {
+        self.read();
+        self.inner.history_page(page).await
+    }
+    async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError> {
+        self.read();
+        self.inner.changes_since(after, limit).await
+    }
+    async fn head(&self) -> Result<Head, StoreError> {
+        self.read();
+        self.inner.head().await
+    }
+    async fn compact(&self, floor: u64) -> Result<Head, StoreError> {
+        self.inner.compact(floor).await
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.subscribe()
+    }
+    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError> {
+        self.inner.create_approval(request).await
+    }
+    async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError> {
+        self.inner.get_approval(approval_id).await
+    }
+    async fn list_approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: u32,
+    ) -> Result<Vec<Approval>, StoreError> {
+        self.inner.list_approvals(state, limit).await
+    }
+    async fn expire_approvals(&self) -> Result<Vec<Approval>, StoreError> {
+        self.inner.expire_approvals().await
+    }
+    async fn decide_approval(
+        &self,
+        approval_id: &str,
+        decision: ApprovalDecision,
+        decided_by: &str,
+        note: Option<String>,
+    ) -> Result<DecideOutcome, StoreError> {
+        self.inner
+            .decide_approval(approval_id, decision, decided_by, note)
+            .await
+    }
+    async fn use_approval(
+        &self,
+        approval_id: &str,
+        call: &ApprovalBinding,
+        used_by: &str,
+    ) -> Result<(UseOutcome, Option<Approval>), StoreError> {
+        self.inner.use_approval(approval_id, call, used_by).await
+    }
+}
+
+/// Database reads of one write while `watchers` streams follow it, each
+/// receiving the change with its record.
+async fn reads_per_change(watchers: usize) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
+    let store = Arc::new(CountingStore {
+        inner: SqlStore::open_sqlite(&url).await.unwrap(),
+        reads: AtomicUsize::new(0),
+    });
+    let shutdown = CancellationToken::new();
+    let registry = Registry::start(store.clone(), test_options(), shutdown.clone())
+        .await
+        .unwrap();
+    let grpc = format!("http://{}", registry.grpc_addr());
+    let serving = tokio::spawn(registry.run());
+    let channel = tonic::transport::Channel::from_shared(grpc)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = Credentials::new(Some(WORKER), None)
+        .unwrap()
+        .client(channel);
+    let mut streams = Vec::new();
+    for _ in 0..watchers {
+        let mut client = client.clone();
+        streams.push(
+            client
+                .watch_mcp_servers(pb::WatchMcpServersRequest { since_revision: 0 })
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    // Let every watcher finish its (empty) catch-up first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = store.reads.load(Ordering::SeqCst);
+    store
+        .upsert(UpsertRequest {
+            spec: spec("a", "x"),
+            expected_revision: None,
+            actor: "test".into(),
+            source: quiver_model::Source::Api,
+        })
+        .await
+        .unwrap();
+    for stream in &mut streams {
+        let event = loop {
+            let event = tokio::time::timeout(Duration::from_secs(5), stream.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if !event.heartbeat {
+                break event;
+            }
+        };
+        assert_eq!(event.revision, 1);
+        assert_eq!(event.servers.len(), 1, "the record is carried");
+    }
+    let reads = store.reads.load(Ordering::SeqCst) - before;
+    shutdown.cancel();
+    let _ = serving.await;
+    reads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_costs_the_same_database_reads_for_any_number_of_watchers() {
+    let one = reads_per_change(1).await;
+    let many = reads_per_change(40).await;
+    assert!(one <= 2, "one watcher: {one} reads");
+    assert_eq!(one, many, "40 watchers cost more reads than one");
+}
