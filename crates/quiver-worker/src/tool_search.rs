@@ -22,8 +22,12 @@ use crate::catalog::{Catalog, CatalogKey, CatalogTool};
 /// The function a chat request with tool search offers the model.
 pub const SEARCH_FUNCTION: &str = "quiver_search_tools";
 
-/// Indexes kept at most; the cache starts over when full.
-const INDEX_CACHE_LIMIT: usize = 256;
+/// Indexes kept at most; the cache starts over when full. Every request
+/// whose session patterns differ has a catalog (and an index) of its own,
+/// so this bounds what callers churning patterns can make the worker hold
+/// (an index keeps each tool's text, at most `MAX_DOCUMENT_BYTES`, and its
+/// token weights).
+const INDEX_CACHE_LIMIT: usize = 64;
 
 /// Bytes of a query that are searched; the rest is ignored.
 pub const MAX_QUERY_BYTES: usize = 1024;
