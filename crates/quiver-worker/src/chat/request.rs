@@ -591,8 +591,8 @@ mod proptests {
     }
 
     /// Parses `raw` for every task: a refusal is `invalid_request` or
-    /// `mcp_policy_denied`, naming `body` or a field whose root key is in the
-    /// request.
+    /// `mcp_policy_denied`, naming `body`, a field whose root key is in the
+    /// request, or `messages`, which an MCP-enabled request must have.
     fn check(raw: &[u8]) -> Result<(), TestCaseError> {
         let keys: Vec<String> = match serde_json::from_slice::<Value>(raw) {
             Ok(Value::Object(map)) => map.keys().cloned().collect(),
@@ -617,7 +617,7 @@ mod proptests {
                 .unwrap_or_default()
                 .to_owned();
             prop_assert!(
-                root == "body" || keys.contains(&root),
+                root == "body" || root == "messages" || keys.contains(&root),
                 "error names {:?}, not a field of the request {:?}: {:?}",
                 err.field,
                 keys,
