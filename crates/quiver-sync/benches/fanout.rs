@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quiver_model::{McpServerSpec, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
-use quiver_sync::{SyncOptions, SyncService};
+use quiver_sync::{SnapshotHandle, SyncOptions, SyncService};
 use quiver_testkit::registry::{ADMIN_TOKEN, InProcessRegistry, WORKER_TOKEN};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -154,6 +154,50 @@ async fn baseline(
     Ok(Samples::new(samples))
 }
 
+/// Snapshot swaps as `(sync, revision, when)`.
+type Swaps<T> = mpsc::UnboundedReceiver<(usize, u64, T)>;
+
+/// Starts `syncs` sync services of the registry at `url` (worker ids
+/// `<prefix>-<i>`), each reporting `(i, revision, now())` whenever it swaps
+/// its snapshot, until `shutdown`.
+fn start_syncs<T: Send + 'static>(
+    url: &str,
+    syncs: usize,
+    prefix: &str,
+    shutdown: &CancellationToken,
+    now: fn() -> T,
+) -> BenchResult<(Vec<SnapshotHandle>, Swaps<T>)> {
+    let (swaps_tx, swaps) = mpsc::unbounded_channel();
+    let mut handles = Vec::with_capacity(syncs);
+    for i in 0..syncs {
+        let service = SyncService::new(SyncOptions {
+            registry_urls: vec![url.to_owned()],
+            token: Some(WORKER_TOKEN.into()),
+            worker_id: format!("{prefix}-{i}"),
+            ..Default::default()
+        })?;
+        let handle = service.handle();
+        let mut updates = handle.subscribe();
+        let swaps_tx = swaps_tx.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = updates.changed() => if changed.is_err() { return },
+                }
+                let revision = updates.borrow_and_update().snapshot.revision;
+                if swaps_tx.send((i, revision, now())).is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(service.run(shutdown.clone()));
+        handles.push(handle);
+    }
+    Ok((handles, swaps))
+}
+
 struct Fanout {
     /// Upsert → the last sync swapped.
     last: Samples,
@@ -172,34 +216,7 @@ async fn fanout(
     first: usize,
 ) -> BenchResult<Fanout> {
     let shutdown = CancellationToken::new();
-    let (swaps_tx, mut swaps) = mpsc::unbounded_channel::<(usize, u64, Instant)>();
-    let mut handles = Vec::with_capacity(syncs);
-    for i in 0..syncs {
-        let service = SyncService::new(SyncOptions {
-            registry_urls: vec![url.to_owned()],
-            token: Some(WORKER_TOKEN.into()),
-            worker_id: format!("bench-worker-{i}"),
-            ..Default::default()
-        })?;
-        let handle = service.handle();
-        let mut updates = handle.subscribe();
-        let swaps_tx = swaps_tx.clone();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    changed = updates.changed() => if changed.is_err() { return },
-                }
-                let revision = updates.borrow_and_update().snapshot.revision;
-                if swaps_tx.send((i, revision, Instant::now())).is_err() {
-                    return;
-                }
-            }
-        });
-        tokio::spawn(service.run(shutdown.clone()));
-        handles.push(handle);
-    }
+    let (handles, mut swaps) = start_syncs(url, syncs, "bench-worker", &shutdown, Instant::now)?;
     let ready = Instant::now();
     for handle in &handles {
         tokio::time::timeout(DEADLINE, handle.wait_ready()).await?;
@@ -269,34 +286,9 @@ async fn child(url: String) -> BenchResult<()> {
     let syncs = env_usize("QUIVER_BENCH_CHILD_SYNCS", 0);
     let streams = env_usize("QUIVER_BENCH_CHILD_STREAMS", 0);
     let shutdown = CancellationToken::new();
-    let (swaps_tx, mut swaps) = mpsc::unbounded_channel::<(usize, u64, SystemTime)>();
-    let mut handles = Vec::with_capacity(syncs);
-    for i in 0..syncs {
-        let service = SyncService::new(SyncOptions {
-            registry_urls: vec![url.clone()],
-            token: Some(WORKER_TOKEN.into()),
-            worker_id: format!("bench-worker-{}-{i}", std::process::id()),
-            ..Default::default()
-        })?;
-        let handle = service.handle();
-        let mut updates = handle.subscribe();
-        let swaps_tx = swaps_tx.clone();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    changed = updates.changed() => if changed.is_err() { return },
-                }
-                let revision = updates.borrow_and_update().snapshot.revision;
-                if swaps_tx.send((i, revision, SystemTime::now())).is_err() {
-                    return;
-                }
-            }
-        });
-        tokio::spawn(service.run(shutdown.clone()));
-        handles.push(handle);
-    }
+    let worker_prefix = format!("bench-worker-{}", std::process::id());
+    let (handles, mut swaps) =
+        start_syncs(&url, syncs, &worker_prefix, &shutdown, SystemTime::now)?;
     let mut held = Vec::new();
     for chunk in 0..streams.div_ceil(100) {
         let client = client(&url, WORKER_TOKEN).await?;

@@ -27,26 +27,24 @@
 //! `QUIVER_BENCH_CALLS` [2000] requests per route, `QUIVER_BENCH_ROUNDS` [8],
 //! `QUIVER_BENCH_WARMUP` [100].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_model::policy::CompiledTaskPolicy;
-use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_testkit::mcp_server::{HttpTestServer, TestServer, spawn_streamable_http};
-use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream, UpstreamOptions};
-use quiver_upstream::UpstreamOptions as WorkerUpstream;
 use quiver_worker::catalog::{Catalog, CatalogCache};
 use serde_json::{Value, json};
 
+#[path = "support/chat_stack.rs"]
+mod chat_stack;
 #[path = "support/route.rs"]
 mod route;
 #[path = "support/stack.rs"]
 mod stack;
 
+use chat_stack::ChatStack;
 use route::Route;
-use stack::{BenchResult, CALLER_TOKEN, Stack};
+use stack::{BenchResult, CALLER_TOKEN};
 
 const ANSWER: &str = "The answer is 42.";
 
@@ -68,49 +66,6 @@ impl Config {
             rounds: env_usize("QUIVER_BENCH_ROUNDS", 8).max(1),
             warmup: env_usize("QUIVER_BENCH_WARMUP", 100),
         }
-    }
-}
-
-/// The MCP servers and the upstream, with registry and worker over them.
-struct Setup {
-    _servers: Vec<HttpTestServer>,
-    upstream: ScriptedUpstream,
-    stack: Stack,
-}
-
-impl Setup {
-    async fn start(config: Config) -> BenchResult<Setup> {
-        let mut servers = Vec::new();
-        let mut specs = Vec::new();
-        for i in 0..config.servers {
-            let server =
-                spawn_streamable_http(TestServer::example().with_generated_tools(config.tools))
-                    .await?;
-            let mut spec = McpServerSpec::new(format!("bench-{i:02}"), Transport::StreamableHttp);
-            spec.http = Some(HttpConfig {
-                url: server.url().to_owned(),
-                headers: BTreeMap::new(),
-                auth_ref: None,
-            });
-            spec.allowed_tools = vec!["generated_*".into()];
-            specs.push(spec);
-            servers.push(server);
-        }
-        let upstream = ScriptedUpstream::start_with(
-            Script::respond(|_, _| Reply::text(ANSWER)),
-            UpstreamOptions::new().with_record_bodies(false),
-        )
-        .await;
-        let stack = Stack::start(
-            specs,
-            Some(WorkerUpstream::new(upstream.base_url().parse()?)),
-        )
-        .await?;
-        Ok(Setup {
-            _servers: servers,
-            upstream,
-            stack,
-        })
     }
 }
 
@@ -139,7 +94,7 @@ fn main() -> BenchResult<()> {
 
 async fn run(config: Config) -> BenchResult<()> {
     let started = Instant::now();
-    let setup = Setup::start(config).await?;
+    let setup = ChatStack::start(config.servers, config.tools, ANSWER).await?;
     let stack = &setup.stack;
     let worker_url = stack.worker_url.clone();
     let snapshot = stack.snapshot.clone();
@@ -297,12 +252,6 @@ async fn run(config: Config) -> BenchResult<()> {
         started.elapsed().as_secs_f64()
     );
 
-    let Setup {
-        _servers,
-        upstream,
-        stack,
-    } = setup;
-    stack.stop().await;
-    upstream.shutdown().await;
+    setup.stop().await;
     Ok(())
 }

@@ -31,23 +31,23 @@ use std::time::{Duration, Instant};
 
 use quiver_mcp::Tool;
 use quiver_model::policy::CompiledTaskPolicy;
-use quiver_model::{HttpConfig, McpServerSpec, Source, StoredServer, Transport};
+use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_testkit::mcp_server::{HttpTestServer, TestServer, spawn_streamable_http};
-use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream, UpstreamOptions};
-use quiver_upstream::UpstreamOptions as WorkerUpstream;
 use quiver_worker::catalog::Catalog;
 use quiver_worker::tool_search::ToolIndex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+#[path = "support/chat_stack.rs"]
+mod chat_stack;
 #[path = "support/route.rs"]
 mod route;
 #[path = "support/stack.rs"]
 mod stack;
 
+use chat_stack::ChatStack;
 use route::Route;
-use stack::{BenchResult, CALLER_TOKEN, Stack};
+use stack::{BenchResult, CALLER_TOKEN};
 
 const ANSWER: &str = "The answer is 42.";
 const MAX_TOOLS: u32 = 8;
@@ -106,31 +106,8 @@ fn caller_body(mcp: Option<Value>) -> Vec<u8> {
 }
 
 async fn chat_turns(config: Config) -> BenchResult<()> {
-    let mut servers: Vec<HttpTestServer> = Vec::new();
-    let mut specs = Vec::new();
-    for i in 0..config.servers {
-        let server =
-            spawn_streamable_http(TestServer::example().with_generated_tools(config.tools)).await?;
-        let mut spec = McpServerSpec::new(format!("bench-{i:02}"), Transport::StreamableHttp);
-        spec.http = Some(HttpConfig {
-            url: server.url().to_owned(),
-            headers: BTreeMap::new(),
-            auth_ref: None,
-        });
-        spec.allowed_tools = vec!["generated_*".into()];
-        specs.push(spec);
-        servers.push(server);
-    }
-    let upstream = ScriptedUpstream::start_with(
-        Script::respond(|_, _| Reply::text(ANSWER)),
-        UpstreamOptions::new().with_record_bodies(false),
-    )
-    .await;
-    let stack = Stack::start(
-        specs,
-        Some(WorkerUpstream::new(upstream.base_url().parse()?)),
-    )
-    .await?;
+    let setup = ChatStack::start(config.servers, config.tools, ANSWER).await?;
+    let (stack, upstream) = (&setup.stack, &setup.upstream);
     let expected_tools = config.servers * config.tools;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let worker = format!("{}/v1/chat/completions", stack.worker_url);
@@ -219,9 +196,7 @@ async fn chat_turns(config: Config) -> BenchResult<()> {
         ms(search_s.p50()) / ms(direct_s.p50()),
         ms(every_s.p50()) / ms(direct_s.p50())
     );
-    stack.stop().await;
-    upstream.shutdown().await;
-    drop(servers);
+    setup.stop().await;
     Ok(())
 }
 
