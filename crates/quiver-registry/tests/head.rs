@@ -283,6 +283,74 @@ impl Store for CountingStore {
     ) -> Result<(UseOutcome, Option<Approval>), StoreError> {
         self.inner.use_approval(approval_id, call, used_by).await
     }
+    async fn put_oauth_connection(
+        &self,
+        name: &str,
+        config: String,
+        secret: quiver_store::SecretUpdate,
+    ) -> Result<quiver_store::OAuthConnectionRow, StoreError> {
+        self.inner.put_oauth_connection(name, config, secret).await
+    }
+    async fn get_oauth_connection(
+        &self,
+        name: &str,
+    ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner.get_oauth_connection(name).await
+    }
+    async fn list_oauth_connections(
+        &self,
+    ) -> Result<Vec<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner.list_oauth_connections().await
+    }
+    async fn delete_oauth_connection(&self, name: &str) -> Result<bool, StoreError> {
+        self.inner.delete_oauth_connection(name).await
+    }
+    async fn store_oauth_tokens(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        tokens: quiver_store::OAuthTokens,
+    ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner
+            .store_oauth_tokens(name, expected_generation, tokens)
+            .await
+    }
+    async fn set_oauth_needs_reconsent(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        error: &str,
+    ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner
+            .set_oauth_needs_reconsent(name, expected_generation, error)
+            .await
+    }
+    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError> {
+        self.inner.set_oauth_error(name, error).await
+    }
+    async fn acquire_oauth_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.acquire_oauth_lease(name, holder, ttl).await
+    }
+    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        self.inner.release_oauth_lease(name, holder).await
+    }
+    async fn create_oauth_authorization(
+        &self,
+        row: quiver_store::OAuthAuthorizationRow,
+    ) -> Result<(), StoreError> {
+        self.inner.create_oauth_authorization(row).await
+    }
+    async fn take_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<quiver_store::OAuthAuthorizationRow>, StoreError> {
+        self.inner.take_oauth_authorization(state).await
+    }
 }
 
 /// Database reads of one write while `watchers` streams follow it, each

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use quiver_model::approval::{
     Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
 };
@@ -24,6 +25,7 @@ use quiver_model::{Change, HistoryEntry, McpServerSpec, ModelError, Source, Stor
 use tokio::sync::watch;
 
 mod approvals;
+mod oauth;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -35,6 +37,10 @@ pub use sql::SqlStore;
 /// 64-bit integers. Callers check cursors and revisions from requests
 /// against it, so a number beyond it is refused as input.
 pub const MAX_REVISION: u64 = i64::MAX as u64;
+
+/// At most this many unexpired OAuth authorizations may be pending at once
+/// ([`Store::create_oauth_authorization`]).
+pub const MAX_PENDING_OAUTH_AUTHORIZATIONS: u64 = 1_000;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +75,10 @@ pub enum StoreError {
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A bound on stored data was reached: the request was refused. The
+    /// message names the limit.
+    #[error("limit reached: {0}")]
+    Limit(String),
     /// A batch ([`Store::apply`]) failed on the record at `index` (0-based);
     /// nothing of the batch was written.
     #[error("record {index}: {source}")]
@@ -214,6 +224,189 @@ pub enum DecideOutcome {
     NotPending(Approval),
 }
 
+/// Status of an OAuth connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuthStatus {
+    /// No usable tokens: never authorized, or its settings changed since.
+    NotConnected,
+    /// Tokens are stored.
+    Connected,
+    /// The grant was revoked or refused: a person must authorize again.
+    NeedsReconsent,
+}
+
+impl OAuthStatus {
+    /// The stored name: `not_connected`, `connected` or `needs_reconsent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OAuthStatus::NotConnected => "not_connected",
+            OAuthStatus::Connected => "connected",
+            OAuthStatus::NeedsReconsent => "needs_reconsent",
+        }
+    }
+}
+
+impl std::fmt::Display for OAuthStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OAuthStatus {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "not_connected" => Ok(OAuthStatus::NotConnected),
+            "connected" => Ok(OAuthStatus::Connected),
+            "needs_reconsent" => Ok(OAuthStatus::NeedsReconsent),
+            other => Err(format!("unknown oauth connection status {other:?}")),
+        }
+    }
+}
+
+/// Shows whether a sealed value is present, never the value.
+struct Sealed(bool);
+
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0 { "[sealed]" } else { "None" })
+    }
+}
+
+fn sealed(value: &Option<String>) -> Sealed {
+    Sealed(value.is_some())
+}
+
+/// One stored OAuth connection. The sealed fields hold what the caller
+/// encrypted; the store neither reads nor shows them (`Debug` prints
+/// `[sealed]`).
+#[derive(Clone, PartialEq)]
+pub struct OAuthConnectionRow {
+    /// The connection's name (its key).
+    pub name: String,
+    /// The non-secret settings as JSON text (opaque to the store).
+    pub config: String,
+    /// The client secret, sealed.
+    pub client_secret: Option<String>,
+    /// A dynamic client registration as sealed JSON.
+    pub registration: Option<String>,
+    /// The tokens as sealed JSON.
+    pub credentials: Option<String>,
+    /// Where the connection stands.
+    pub status: OAuthStatus,
+    /// When the access token expires, when known.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Moves on with every change of config, credentials or status; token
+    /// writes are conditional on it.
+    pub generation: u64,
+    /// How many times refreshed tokens were stored (never reset).
+    pub refresh_count: u64,
+    /// The last failure (cleared when tokens are stored).
+    pub last_error: Option<String>,
+    /// When the current grant was made (not moved by refreshes).
+    pub connected_at: Option<DateTime<Utc>>,
+    /// When the row last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for OAuthConnectionRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthConnectionRow")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("client_secret", &sealed(&self.client_secret))
+            .field("registration", &sealed(&self.registration))
+            .field("credentials", &sealed(&self.credentials))
+            .field("status", &self.status)
+            .field("expires_at", &self.expires_at)
+            .field("generation", &self.generation)
+            .field("refresh_count", &self.refresh_count)
+            .field("last_error", &self.last_error)
+            .field("connected_at", &self.connected_at)
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
+}
+
+/// A pending authorization-code flow (one-time: taking it deletes it).
+#[derive(Clone, PartialEq)]
+pub struct OAuthAuthorizationRow {
+    /// The flow's `state` parameter (its key).
+    pub state: String,
+    /// The connection it authorizes.
+    pub name: String,
+    /// The connection's generation when the flow started.
+    pub generation: u64,
+    /// Sealed JSON: PKCE verifier, client registration…
+    pub payload: String,
+    /// When the flow started.
+    pub created_at: DateTime<Utc>,
+    /// When the flow expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for OAuthAuthorizationRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthAuthorizationRow")
+            .field("state", &self.state)
+            .field("name", &self.name)
+            .field("generation", &self.generation)
+            .field("payload", &Sealed(true))
+            .field("created_at", &self.created_at)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
+}
+
+/// How a config write ([`Store::put_oauth_connection`]) treats the stored
+/// client secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SecretUpdate {
+    /// Leave it as stored.
+    Keep,
+    /// Store this sealed secret.
+    Set(String),
+    /// Remove it.
+    Clear,
+}
+
+impl std::fmt::Debug for SecretUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretUpdate::Keep => f.write_str("Keep"),
+            SecretUpdate::Set(_) => f.debug_tuple("Set").field(&Sealed(true)).finish(),
+            SecretUpdate::Clear => f.write_str("Clear"),
+        }
+    }
+}
+
+/// What a token write ([`Store::store_oauth_tokens`]) records.
+#[derive(Clone, PartialEq)]
+pub struct OAuthTokens {
+    /// The tokens as sealed JSON.
+    pub credentials: String,
+    /// A sealed client registration; `None` keeps the stored one.
+    pub registration: Option<String>,
+    /// When the access token expires, when known.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// `true`: a refresh (`refresh_count` + 1, `connected_at` unchanged);
+    /// `false`: a new grant (`connected_at` = now).
+    pub refreshed: bool,
+}
+
+impl std::fmt::Debug for OAuthTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthTokens")
+            .field("credentials", &Sealed(true))
+            .field("registration", &sealed(&self.registration))
+            .field("expires_at", &self.expires_at)
+            .field("refreshed", &self.refreshed)
+            .finish()
+    }
+}
+
 /// The revisioned record store.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -281,6 +474,78 @@ pub trait Store: Send + Sync + 'static {
         call: &ApprovalBinding,
         used_by: &str,
     ) -> Result<(UseOutcome, Option<Approval>), StoreError>;
+
+    /// Creates an OAuth connection (`not_connected`, generation 1) or
+    /// updates its settings. When `config` differs from the stored one or
+    /// the client secret changes, the connection starts afresh: tokens,
+    /// registration, expiry, error and connection time are cleared, the
+    /// status becomes `not_connected`, the generation moves on and its
+    /// pending authorizations are deleted. When nothing changes, nothing is
+    /// written and the row is returned as stored. One transaction.
+    async fn put_oauth_connection(
+        &self,
+        name: &str,
+        config: String,
+        secret: SecretUpdate,
+    ) -> Result<OAuthConnectionRow, StoreError>;
+    /// One OAuth connection.
+    async fn get_oauth_connection(
+        &self,
+        name: &str,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError>;
+    /// Every OAuth connection, ordered by name.
+    async fn list_oauth_connections(&self) -> Result<Vec<OAuthConnectionRow>, StoreError>;
+    /// Deletes an OAuth connection and its pending authorizations; `true`
+    /// when it existed.
+    async fn delete_oauth_connection(&self, name: &str) -> Result<bool, StoreError>;
+    /// Stores tokens (status `connected`, error cleared, generation + 1) in
+    /// one conditional update, only if the connection is still at
+    /// `expected_generation`. `None`: it changed or vanished meanwhile and
+    /// nothing was written.
+    async fn store_oauth_tokens(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        tokens: OAuthTokens,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError>;
+    /// Marks a connection `needs_reconsent` (tokens and expiry cleared,
+    /// `error` recorded, generation + 1), only if it is still at
+    /// `expected_generation`; `None` otherwise (nothing written).
+    async fn set_oauth_needs_reconsent(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        error: &str,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError>;
+    /// Records a transient failure: only `last_error` and `updated_at`
+    /// change (status and generation do not).
+    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError>;
+    /// Takes (or extends) the connection's lease for `ttl`: one atomic
+    /// update that succeeds when no lease is held, the held one has
+    /// expired, or `holder` holds it. Of any number of concurrent callers
+    /// (on any replica) with different holders, at most one gets `true`.
+    async fn acquire_oauth_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+    /// Releases the lease if `holder` holds it; otherwise does nothing.
+    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError>;
+    /// Stores a pending authorization, after deleting every expired one.
+    /// Refused with [`StoreError::Limit`] when
+    /// [`MAX_PENDING_OAUTH_AUTHORIZATIONS`] live ones exist.
+    async fn create_oauth_authorization(
+        &self,
+        row: OAuthAuthorizationRow,
+    ) -> Result<(), StoreError>;
+    /// Takes (deletes and returns) a pending authorization: of any number
+    /// of concurrent takers, exactly one gets it. Returned even if expired;
+    /// the caller checks `expires_at`.
+    async fn take_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<OAuthAuthorizationRow>, StoreError>;
 }
 
 /// Opens the store a URL names (`sqlite://…` or `postgres://…`), applying migrations.

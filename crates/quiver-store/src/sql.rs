@@ -28,7 +28,8 @@ use quiver_model::approval::{
 };
 
 use crate::{
-    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, Snapshot, Store,
+    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval,
+    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens, SecretUpdate, Snapshot, Store,
     StoreError, UpsertOutcome, UpsertRequest,
 };
 
@@ -306,13 +307,24 @@ impl SqlStore {
     async fn begin_write(
         &self,
     ) -> Result<(WriteTx, (u64, u64), Option<MutexGuard<'_, ()>>), StoreError> {
+        let (mut tx, turn) = self.begin_write_tx().await?;
+        let head = read_head_with(&mut tx, self.dialect.lock_head).await?;
+        Ok((tx, head, turn))
+    }
+
+    /// Opens a write transaction ([`Dialect::begin_write`]) after taking a
+    /// turn in the in-process writer queue (if any), without touching the
+    /// registry head: for tables outside the revision log. The queue turn
+    /// must be held until the transaction ends.
+    pub(crate) async fn begin_write_tx(
+        &self,
+    ) -> Result<(WriteTx, Option<MutexGuard<'_, ()>>), StoreError> {
         let turn = match &self.writer_queue {
             Some(queue) => Some(queue.lock().await),
             None => None,
         };
-        let mut tx = self.pool.begin_with(self.dialect.begin_write).await?;
-        let head = read_head_with(&mut tx, self.dialect.lock_head).await?;
-        Ok((tx, head, turn))
+        let tx = self.pool.begin_with(self.dialect.begin_write).await?;
+        Ok((tx, turn))
     }
 
     async fn current(
@@ -789,5 +801,80 @@ impl Store for SqlStore {
         used_by: &str,
     ) -> Result<(UseOutcome, Option<Approval>), StoreError> {
         self.approvals_use(approval_id, call, used_by).await
+    }
+
+    async fn put_oauth_connection(
+        &self,
+        name: &str,
+        config: String,
+        secret: SecretUpdate,
+    ) -> Result<OAuthConnectionRow, StoreError> {
+        self.oauth_put_connection(name, config, secret).await
+    }
+
+    async fn get_oauth_connection(
+        &self,
+        name: &str,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        self.oauth_get_connection(name).await
+    }
+
+    async fn list_oauth_connections(&self) -> Result<Vec<OAuthConnectionRow>, StoreError> {
+        self.oauth_list_connections().await
+    }
+
+    async fn delete_oauth_connection(&self, name: &str) -> Result<bool, StoreError> {
+        self.oauth_delete_connection(name).await
+    }
+
+    async fn store_oauth_tokens(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        tokens: OAuthTokens,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        self.oauth_store_tokens(name, expected_generation, tokens)
+            .await
+    }
+
+    async fn set_oauth_needs_reconsent(
+        &self,
+        name: &str,
+        expected_generation: u64,
+        error: &str,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        self.oauth_set_needs_reconsent(name, expected_generation, error)
+            .await
+    }
+
+    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError> {
+        self.oauth_set_error(name, error).await
+    }
+
+    async fn acquire_oauth_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.oauth_acquire_lease(name, holder, ttl).await
+    }
+
+    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        self.oauth_release_lease(name, holder).await
+    }
+
+    async fn create_oauth_authorization(
+        &self,
+        row: OAuthAuthorizationRow,
+    ) -> Result<(), StoreError> {
+        self.oauth_create_authorization(row).await
+    }
+
+    async fn take_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
+        self.oauth_take_authorization(state).await
     }
 }
