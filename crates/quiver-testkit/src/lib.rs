@@ -7,6 +7,7 @@ pub mod bench_servers;
 pub mod fuzz;
 pub use quiver_example_mcp::legacy_sse;
 pub mod mcp_server;
+pub mod oauth_server;
 pub mod postgres;
 #[cfg(feature = "registry")]
 pub mod registry;

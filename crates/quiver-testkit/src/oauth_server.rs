@@ -1,0 +1,1268 @@
+//! An OAuth 2.1 authorization server and the MCP server it protects, served
+//! together on one port, for end-to-end tests of OAuth clients (Quiver's
+//! `quiver_mcp::oauth`, rmcp's `auth` module).
+//!
+//! The authorization server (issuer: the base URL `B`) publishes RFC 8414
+//! metadata, registers clients dynamically (RFC 7591), approves every
+//! authorization request at once (PKCE S256 required, RFC 8707 `resource`
+//! checked) and grants `authorization_code`, `refresh_token` (rotating) and
+//! `client_credentials`. The protected resource is MCP over streamable HTTP at
+//! `B/mcp`, with RFC 9728 metadata; every request to it needs a live bearer
+//! token. `/admin/*` lets a test read counters and the tokens issued, expire or revoke tokens and
+//! change the access-token lifetime, and a [`Fault`] makes one step misbehave
+//! so callers' error handling can be tested.
+//!
+//! Everything lives in memory behind one mutex, each table capped at
+//! [`MAX_ENTRIES`]; `quiver-testkit-oauth` serves it as a process.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use url::Url;
+
+/// The one scope the server knows and grants by default.
+pub const SCOPE: &str = "mcp:tools";
+/// Most clients, pending codes, access tokens and refresh tokens held (each);
+/// beyond it registrations and grants are refused with 503.
+pub const MAX_ENTRIES: usize = 10_000;
+/// Default lifetime of access tokens.
+pub const DEFAULT_ACCESS_TTL: Duration = Duration::from_secs(3600);
+/// Longest access-token lifetime accepted (longer ones are cut to it), so an
+/// expiry instant can never overflow.
+pub const MAX_ACCESS_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How long an authorization code can be exchanged.
+const CODE_TTL: Duration = Duration::from_secs(60);
+/// Largest request body of the authorization server's endpoints.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most redirect URIs one dynamic registration may carry, and their length.
+const MAX_REDIRECT_URIS: usize = 16;
+const MAX_URI_LEN: usize = 2048;
+/// The issuer the `wrong-issuer` fault announces.
+const WRONG_ISSUER: &str = "http://issuer.invalid";
+
+/// One step at which the server misbehaves on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The authorization server metadata is malformed JSON.
+    BadMetadata,
+    /// The metadata names another issuer (`http://issuer.invalid`).
+    WrongIssuer,
+    /// The metadata omits `code_challenge_methods_supported`.
+    NoPkce,
+    /// `/token` always answers 401 `invalid_client`.
+    TokenError,
+    /// `/authorize` redirects with a `state` other than the client's.
+    StateMismatch,
+}
+
+impl Fault {
+    /// Every fault, in the order of their names in [`Fault::name`].
+    pub const ALL: [Fault; 5] = [
+        Fault::BadMetadata,
+        Fault::WrongIssuer,
+        Fault::NoPkce,
+        Fault::TokenError,
+        Fault::StateMismatch,
+    ];
+
+    /// The fault's flag value (`--fault NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::BadMetadata => "bad-metadata",
+            Fault::WrongIssuer => "wrong-issuer",
+            Fault::NoPkce => "no-pkce",
+            Fault::TokenError => "token-error",
+            Fault::StateMismatch => "state-mismatch",
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Fault {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Fault::ALL
+            .into_iter()
+            .find(|fault| fault.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Fault::ALL.iter().map(|fault| fault.name()).collect();
+                format!(
+                    "unknown fault {name:?}, expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// A confidential client known before the server starts; it may redirect to
+/// any URI on a loopback host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreregisteredClient {
+    /// Its client id.
+    pub id: String,
+    /// Its client secret.
+    pub secret: String,
+}
+
+impl FromStr for PreregisteredClient {
+    type Err = String;
+
+    /// Parses `ID:SECRET` (the secret may contain colons).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.split_once(':') {
+            Some((id, secret)) if !id.is_empty() && !secret.is_empty() => Ok(Self {
+                id: id.to_owned(),
+                secret: secret.to_owned(),
+            }),
+            _ => Err(format!("expected ID:SECRET, got {text:?}")),
+        }
+    }
+}
+
+/// How the server starts.
+#[derive(Debug, Clone)]
+pub struct OAuthServerOptions {
+    /// Confidential clients registered from the start.
+    pub clients: Vec<PreregisteredClient>,
+    /// Lifetime of access tokens issued (cut to [`MAX_ACCESS_TTL`]);
+    /// `/admin/config` changes it at run time.
+    pub access_ttl: Duration,
+    /// The step to misbehave at, if any.
+    pub fault: Option<Fault>,
+}
+
+impl Default for OAuthServerOptions {
+    fn default() -> Self {
+        Self {
+            clients: Vec::new(),
+            access_ttl: DEFAULT_ACCESS_TTL,
+            fault: None,
+        }
+    }
+}
+
+/// Counters of what the server did, as `GET /admin/stats` reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OAuthStats {
+    /// Codes exchanged for tokens.
+    pub authorization_code_grants: u64,
+    /// Refresh tokens exchanged (and rotated).
+    pub refresh_grants: u64,
+    /// Refresh attempts refused: unknown, used, revoked or another client's.
+    pub refresh_failures: u64,
+    /// Client-credentials grants.
+    pub client_credentials_grants: u64,
+    /// Dynamic client registrations.
+    pub registrations: u64,
+    /// Requests to `/mcp` let through.
+    pub authorized_mcp_requests: u64,
+    /// Requests to `/mcp` refused with 401.
+    pub rejected_mcp_requests: u64,
+}
+
+/// The server; clones share their state.
+#[derive(Clone)]
+pub struct OAuthServer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The base URL, without a trailing slash.
+    issuer: String,
+    /// `issuer` + `/mcp`.
+    resource: String,
+    fault: Option<Fault>,
+    store: Mutex<Store>,
+}
+
+struct Client {
+    /// `None`: a public client.
+    secret: Option<String>,
+    /// `None`: any URI on a loopback host (pre-registered clients).
+    redirect_uris: Option<Vec<String>>,
+}
+
+struct PendingCode {
+    client_id: String,
+    redirect_uri: String,
+    challenge: String,
+    scope: String,
+    expires: Instant,
+}
+
+struct AccessToken {
+    client_id: String,
+    expires: Instant,
+}
+
+struct RefreshToken {
+    client_id: String,
+    scope: String,
+}
+
+struct Store {
+    clients: HashMap<String, Client>,
+    codes: HashMap<String, PendingCode>,
+    access: HashMap<String, AccessToken>,
+    refresh: HashMap<String, RefreshToken>,
+    access_ttl: Duration,
+    stats: OAuthStats,
+    /// Every token issued (the newest [`MAX_ENTRIES`]), so a test can look
+    /// for them where they must not appear (`GET /admin/tokens`).
+    issued: std::collections::VecDeque<(&'static str, String)>,
+}
+
+/// The client id an access token was issued to, put into the extensions of
+/// each `/mcp` request the middleware lets through (rmcp hands the request's
+/// `Parts` to tools).
+#[derive(Debug, Clone)]
+struct OAuthCaller(String);
+
+impl OAuthServer {
+    /// A server whose issuer is `base_url` (e.g. `http://127.0.0.1:8080`; a
+    /// trailing slash is dropped): the URL it is reached at.
+    pub fn new(base_url: &str, options: OAuthServerOptions) -> Self {
+        let issuer = base_url.trim_end_matches('/').to_owned();
+        let clients = options
+            .clients
+            .into_iter()
+            .map(|client| {
+                (
+                    client.id,
+                    Client {
+                        secret: Some(client.secret),
+                        redirect_uris: None,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                resource: format!("{issuer}/mcp"),
+                issuer,
+                fault: options.fault,
+                store: Mutex::new(Store {
+                    clients,
+                    codes: HashMap::new(),
+                    access: HashMap::new(),
+                    refresh: HashMap::new(),
+                    issued: std::collections::VecDeque::new(),
+                    access_ttl: options.access_ttl.min(MAX_ACCESS_TTL),
+                    stats: OAuthStats::default(),
+                }),
+            }),
+        }
+    }
+
+    /// The issuer (the base URL).
+    pub fn issuer(&self) -> &str {
+        &self.shared.issuer
+    }
+
+    /// The protected resource: the MCP endpoint's URL.
+    pub fn resource_url(&self) -> &str {
+        &self.shared.resource
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> OAuthStats {
+        self.shared.store().stats
+    }
+
+    /// Treats every access token issued so far as expired.
+    pub fn expire_access_tokens(&self) {
+        self.shared.expire_access_tokens();
+    }
+
+    /// Revokes every refresh token issued so far.
+    pub fn revoke_refresh_tokens(&self) {
+        self.shared.store().refresh.clear();
+    }
+
+    /// Sets the lifetime of access tokens issued from now on (cut to
+    /// [`MAX_ACCESS_TTL`]).
+    pub fn set_access_ttl(&self, ttl: Duration) {
+        self.shared.store().access_ttl = ttl.min(MAX_ACCESS_TTL);
+    }
+
+    /// All endpoints: authorization server, `/mcp` behind the bearer check,
+    /// the metadata documents and `/admin/*`.
+    pub fn router(&self) -> Router {
+        let server = OAuthMcpServer::new();
+        let mcp: StreamableHttpService<OAuthMcpServer, LocalSessionManager> =
+            StreamableHttpService::new(
+                move || Ok(server.clone()),
+                Arc::new(LocalSessionManager::default()),
+                StreamableHttpServerConfig::default(),
+            );
+        let protected =
+            Router::new()
+                .nest_service("/mcp", mcp)
+                .layer(axum::middleware::from_fn_with_state(
+                    self.shared.clone(),
+                    require_bearer,
+                ));
+        Router::new()
+            .route(
+                "/.well-known/oauth-authorization-server",
+                get(authorization_server_metadata),
+            )
+            .route(
+                "/.well-known/openid-configuration",
+                get(authorization_server_metadata),
+            )
+            .route(
+                "/.well-known/oauth-protected-resource",
+                get(protected_resource_metadata),
+            )
+            .route(
+                "/.well-known/oauth-protected-resource/mcp",
+                get(protected_resource_metadata),
+            )
+            .route("/register", post(register))
+            .route("/authorize", get(authorize))
+            .route("/token", post(token))
+            .route("/admin/stats", get(admin_stats))
+            .route("/admin/tokens", get(admin_tokens))
+            .route("/admin/expire-access-tokens", post(admin_expire))
+            .route("/admin/revoke-refresh-tokens", post(admin_revoke))
+            .route("/admin/config", post(admin_config))
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .with_state(self.shared.clone())
+            .merge(protected)
+    }
+
+    /// Serves [`OAuthServer::router`] on `listener` until the process ends.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+        axum::serve(listener, self.router())
+            .await
+            .context("serving the oauth test server")
+    }
+}
+
+/// Serves a server on `listener` whose issuer is `http://` + its local
+/// address, until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    options: OAuthServerOptions,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr().context("the listener's address")?;
+    OAuthServer::new(&format!("http://{addr}"), options)
+        .serve(listener)
+        .await
+}
+
+impl Shared {
+    /// The store; a handler that panicked cannot leave it half-written in a
+    /// way that matters to tests, so poisoning is ignored.
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn expire_access_tokens(&self) {
+        let now = Instant::now();
+        for token in self.store().access.values_mut() {
+            token.expires = token.expires.min(now);
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of a 401 from `/mcp`.
+    fn challenge(&self, invalid_token: bool) -> String {
+        let mut challenge = format!(
+            "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\", scope=\"{SCOPE}\"",
+            self.issuer
+        );
+        if invalid_token {
+            challenge.push_str(", error=\"invalid_token\"");
+        }
+        challenge
+    }
+}
+
+impl Store {
+    /// Drops what has expired from the table that is full, then says whether
+    /// one more entry fits.
+    fn make_room_for_access(&mut self, now: Instant) -> Result<(), OAuthFailure> {
+        if self.access.len() >= MAX_ENTRIES {
+            self.access.retain(|_, token| token.expires > now);
+        }
+        if self.access.len() >= MAX_ENTRIES {
+            return Err(full("access tokens"));
+        }
+        Ok(())
+    }
+
+    /// Issues an access token (and a refresh token when `refresh`) to
+    /// `client_id`; the token response.
+    fn issue(
+        &mut self,
+        client_id: &str,
+        scope: &str,
+        refresh: bool,
+        now: Instant,
+    ) -> Result<Value, OAuthFailure> {
+        self.make_room_for_access(now)?;
+        if refresh && self.refresh.len() >= MAX_ENTRIES {
+            return Err(full("refresh tokens"));
+        }
+        let access_token = random_token();
+        self.access.insert(
+            access_token.clone(),
+            AccessToken {
+                client_id: client_id.to_owned(),
+                expires: now + self.access_ttl,
+            },
+        );
+        self.remember("access_tokens", &access_token);
+        let mut response = json!({
+            "access_token": access_token,
+            "token_type": "Bearer",
+            "expires_in": self.access_ttl.as_secs(),
+            "scope": scope,
+        });
+        if refresh {
+            let refresh_token = random_token();
+            self.refresh.insert(
+                refresh_token.clone(),
+                RefreshToken {
+                    client_id: client_id.to_owned(),
+                    scope: scope.to_owned(),
+                },
+            );
+            self.remember("refresh_tokens", &refresh_token);
+            response["refresh_token"] = Value::String(refresh_token);
+        }
+        Ok(response)
+    }
+
+    fn remember(&mut self, kind: &'static str, token: &str) {
+        if self.issued.len() >= MAX_ENTRIES {
+            self.issued.pop_front();
+        }
+        self.issued.push_back((kind, token.to_owned()));
+    }
+}
+
+/// 32 random bytes, base64url.
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// An OAuth error answer (RFC 6749 §5.2 shape); small, unlike a
+/// `Response`, so it can be the error of every step's `Result`.
+struct OAuthFailure {
+    status: StatusCode,
+    error: &'static str,
+    description: String,
+}
+
+impl IntoResponse for OAuthFailure {
+    fn into_response(self) -> Response {
+        let body = json!({"error": self.error, "error_description": self.description});
+        let mut response = (
+            self.status,
+            [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            axum::Json(body),
+        )
+            .into_response();
+        // RFC 6749 §5.2: a 401 answers a failed client authentication.
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"token\""),
+            );
+        }
+        response
+    }
+}
+
+fn oauth_error(
+    status: StatusCode,
+    error: &'static str,
+    description: impl Into<String>,
+) -> OAuthFailure {
+    OAuthFailure {
+        status,
+        error,
+        description: description.into(),
+    }
+}
+
+fn invalid_request(description: impl Into<String>) -> OAuthFailure {
+    oauth_error(StatusCode::BAD_REQUEST, "invalid_request", description)
+}
+
+fn invalid_grant(description: impl Into<String>) -> OAuthFailure {
+    oauth_error(StatusCode::BAD_REQUEST, "invalid_grant", description)
+}
+
+fn invalid_client(description: impl Into<String>) -> OAuthFailure {
+    oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", description)
+}
+
+/// A table at [`MAX_ENTRIES`].
+fn full(what: &str) -> OAuthFailure {
+    oauth_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "temporarily_unavailable",
+        format!("the server holds {MAX_ENTRIES} {what}, its limit"),
+    )
+}
+
+/// `application/x-www-form-urlencoded` parameters; a repeated one is an
+/// error (RFC 6749 §3.1).
+fn parse_params(encoded: &[u8]) -> Result<HashMap<String, String>, OAuthFailure> {
+    let mut params = HashMap::new();
+    for (name, value) in url::form_urlencoded::parse(encoded) {
+        if params
+            .insert(name.to_string(), value.into_owned())
+            .is_some()
+        {
+            return Err(invalid_request(format!(
+                "parameter {name:?} given more than once"
+            )));
+        }
+    }
+    Ok(params)
+}
+
+/// `application/x-www-form-urlencoded` decoding of one value (the encoding
+/// of HTTP Basic client credentials, RFC 6749 §2.3.1).
+fn form_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'+' => decoded.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(high), Some(low)) => {
+                    decoded.push((high * 16 + low) as u8);
+                    i += 2;
+                }
+                _ => decoded.push(b'%'),
+            },
+            byte => decoded.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// Whether `uri` is an http(s) URL on a loopback host.
+fn is_loopback_uri(uri: &str) -> bool {
+    let Ok(url) = Url::parse(uri) else {
+        return false;
+    };
+    if !matches!(url.scheme(), "http" | "https") {
+        return false;
+    }
+    match url.host() {
+        Some(url::Host::Domain(domain)) => domain == "localhost",
+        Some(url::Host::Ipv4(addr)) => addr.is_loopback(),
+        Some(url::Host::Ipv6(addr)) => addr.is_loopback(),
+        None => false,
+    }
+}
+
+/// Whether `scope` (space-separated) only names scopes of `granted`.
+fn scope_within(scope: &str, granted: &str) -> bool {
+    scope
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .all(|s| granted.split(' ').any(|g| g == s))
+}
+
+async fn authorization_server_metadata(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.fault == Some(Fault::BadMetadata) {
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            "{\"issuer\": 42",
+        )
+            .into_response();
+    }
+    let base = &shared.issuer;
+    let issuer = if shared.fault == Some(Fault::WrongIssuer) {
+        WRONG_ISSUER
+    } else {
+        base
+    };
+    let mut metadata = json!({
+        "issuer": issuer,
+        "authorization_endpoint": format!("{base}/authorize"),
+        "token_endpoint": format!("{base}/token"),
+        "registration_endpoint": format!("{base}/register"),
+        "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+        "scopes_supported": [SCOPE],
+        "client_id_metadata_document_supported": false,
+    });
+    if shared.fault == Some(Fault::NoPkce)
+        && let Some(object) = metadata.as_object_mut()
+    {
+        object.remove("code_challenge_methods_supported");
+    }
+    axum::Json(metadata).into_response()
+}
+
+async fn protected_resource_metadata(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(json!({
+        "resource": shared.resource,
+        "authorization_servers": [shared.issuer],
+        "scopes_supported": [SCOPE],
+        "bearer_methods_supported": ["header"],
+    }))
+    .into_response()
+}
+
+/// The fields of an RFC 7591 registration request the server uses; others
+/// are ignored, as §2 asks.
+#[derive(Deserialize)]
+struct RegistrationRequest {
+    redirect_uris: Vec<String>,
+    token_endpoint_auth_method: Option<String>,
+    client_name: Option<String>,
+    grant_types: Option<Vec<String>>,
+    response_types: Option<Vec<String>>,
+}
+
+async fn register(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, OAuthFailure> {
+    let metadata_error = |description: String| {
+        oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_client_metadata",
+            description,
+        )
+    };
+    let request: RegistrationRequest = serde_json::from_slice(&body)
+        .map_err(|err| metadata_error(format!("the body is not a registration request: {err}")))?;
+    let redirect_error = |description: String| {
+        oauth_error(StatusCode::BAD_REQUEST, "invalid_redirect_uri", description)
+    };
+    if request.redirect_uris.is_empty() || request.redirect_uris.len() > MAX_REDIRECT_URIS {
+        return Err(redirect_error(format!(
+            "give 1 to {MAX_REDIRECT_URIS} redirect_uris, not {}",
+            request.redirect_uris.len()
+        )));
+    }
+    for uri in &request.redirect_uris {
+        let usable =
+            uri.len() <= MAX_URI_LEN && Url::parse(uri).is_ok_and(|url| url.fragment().is_none());
+        if !usable {
+            return Err(redirect_error(format!(
+                "redirect uri {uri:?} is not an absolute URL without fragment"
+            )));
+        }
+    }
+    let method = request
+        .token_endpoint_auth_method
+        .unwrap_or_else(|| "client_secret_basic".to_owned());
+    if !matches!(
+        method.as_str(),
+        "none" | "client_secret_post" | "client_secret_basic"
+    ) {
+        return Err(metadata_error(format!(
+            "token_endpoint_auth_method {method:?} is not supported"
+        )));
+    }
+    let client_id = format!("client-{}", random_token());
+    let secret = (method != "none").then(random_token);
+    {
+        let mut store = shared.store();
+        if store.clients.len() >= MAX_ENTRIES {
+            return Err(full("clients"));
+        }
+        store.clients.insert(
+            client_id.clone(),
+            Client {
+                secret: secret.clone(),
+                redirect_uris: Some(request.redirect_uris.clone()),
+            },
+        );
+        store.stats.registrations += 1;
+    }
+    let issued_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let mut response = json!({
+        "client_id": client_id,
+        "client_id_issued_at": issued_at,
+        "redirect_uris": request.redirect_uris,
+        "token_endpoint_auth_method": method,
+        "grant_types": request.grant_types.unwrap_or_else(|| vec!["authorization_code".to_owned()]),
+        "response_types": request.response_types.unwrap_or_else(|| vec!["code".to_owned()]),
+    });
+    if let Some(name) = request.client_name {
+        response["client_name"] = Value::String(name);
+    }
+    if let Some(secret) = secret {
+        response["client_secret"] = Value::String(secret);
+        response["client_secret_expires_at"] = json!(0);
+    }
+    Ok((StatusCode::CREATED, axum::Json(response)).into_response())
+}
+
+async fn authorize(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, OAuthFailure> {
+    let params = parse_params(query.unwrap_or_default().as_bytes())?;
+    let param = |name: &str| params.get(name).map(String::as_str);
+    if param("response_type") != Some("code") {
+        return Err(invalid_request("response_type must be \"code\""));
+    }
+    let Some(client_id) = param("client_id") else {
+        return Err(invalid_request("client_id is missing"));
+    };
+    let Some(redirect_uri) = param("redirect_uri") else {
+        return Err(invalid_request("redirect_uri is missing"));
+    };
+    let Some(challenge) = param("code_challenge") else {
+        return Err(invalid_request(
+            "code_challenge is missing (PKCE is required)",
+        ));
+    };
+    // RFC 7636 §4.2: S256 of a verifier is 43 base64url characters.
+    if challenge.len() != 43 || URL_SAFE_NO_PAD.decode(challenge).is_err() {
+        return Err(invalid_request(
+            "code_challenge is not a base64url SHA-256 digest",
+        ));
+    }
+    if param("code_challenge_method") != Some("S256") {
+        return Err(invalid_request("code_challenge_method must be S256"));
+    }
+    if let Some(resource) = param("resource")
+        && resource != shared.resource
+    {
+        return Err(invalid_request(format!(
+            "resource {resource:?} is not this server's protected resource {:?}",
+            shared.resource
+        )));
+    }
+    let scope = param("scope")
+        .map(str::trim)
+        .filter(|scope| !scope.is_empty())
+        .unwrap_or(SCOPE);
+    let Ok(mut location) = Url::parse(redirect_uri) else {
+        return Err(invalid_request("redirect_uri is not a URL"));
+    };
+    let code = random_token();
+    {
+        let mut store = shared.store();
+        let allowed = match store.clients.get(client_id) {
+            None => {
+                return Err(invalid_request(format!("unknown client {client_id:?}")));
+            }
+            Some(Client {
+                redirect_uris: Some(uris),
+                ..
+            }) => uris.iter().any(|uri| uri == redirect_uri),
+            Some(Client {
+                redirect_uris: None,
+                ..
+            }) => is_loopback_uri(redirect_uri),
+        };
+        if !allowed {
+            return Err(invalid_request(format!(
+                "redirect_uri {redirect_uri:?} is not registered for this client"
+            )));
+        }
+        let now = Instant::now();
+        if store.codes.len() >= MAX_ENTRIES {
+            store.codes.retain(|_, code| code.expires > now);
+        }
+        if store.codes.len() >= MAX_ENTRIES {
+            return Err(full("authorization codes"));
+        }
+        store.codes.insert(
+            code.clone(),
+            PendingCode {
+                client_id: client_id.to_owned(),
+                redirect_uri: redirect_uri.to_owned(),
+                challenge: challenge.to_owned(),
+                scope: scope.to_owned(),
+                expires: now + CODE_TTL,
+            },
+        );
+    }
+    let state = if shared.fault == Some(Fault::StateMismatch) {
+        Some(random_token())
+    } else {
+        param("state").map(str::to_owned)
+    };
+    {
+        let mut query = location.query_pairs_mut();
+        query.append_pair("code", &code);
+        if let Some(state) = &state {
+            query.append_pair("state", state);
+        }
+        query.append_pair("iss", &shared.issuer);
+    }
+    let Ok(location) = HeaderValue::from_str(location.as_str()) else {
+        return Err(invalid_request(
+            "redirect_uri cannot be sent back in a header",
+        ));
+    };
+    Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response())
+}
+
+/// The client a token request authenticates as.
+struct Authenticated {
+    id: String,
+    confidential: bool,
+}
+
+/// Client authentication at `/token`: HTTP Basic, `client_secret_post`, or
+/// a public client's bare `client_id`.
+fn authenticate(
+    shared: &Shared,
+    headers: &HeaderMap,
+    params: &HashMap<String, String>,
+) -> Result<Authenticated, OAuthFailure> {
+    let basic = match headers.get(header::AUTHORIZATION) {
+        None => None,
+        Some(value) => {
+            let credentials = value
+                .to_str()
+                .ok()
+                .and_then(|value| value.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+                .and_then(|(_, encoded)| STANDARD.decode(encoded.trim()).ok())
+                .and_then(|decoded| String::from_utf8(decoded).ok())
+                .and_then(|decoded| {
+                    decoded
+                        .split_once(':')
+                        .map(|(id, secret)| (form_decode(id), form_decode(secret)))
+                });
+            match credentials {
+                Some(credentials) => Some(credentials),
+                None => {
+                    return Err(invalid_request(
+                        "the Authorization header is not HTTP Basic client credentials",
+                    ));
+                }
+            }
+        }
+    };
+    let form_id = params.get("client_id");
+    let form_secret = params.get("client_secret");
+    let (id, secret) = match basic {
+        Some((id, secret)) => {
+            if form_secret.is_some() {
+                return Err(invalid_request(
+                    "client authenticated both by HTTP Basic and client_secret",
+                ));
+            }
+            if form_id.is_some_and(|form_id| *form_id != id) {
+                return Err(invalid_request(
+                    "client_id differs from the HTTP Basic user",
+                ));
+            }
+            (id, Some(secret))
+        }
+        None => match form_id {
+            Some(id) => (id.clone(), form_secret.cloned()),
+            None => return Err(invalid_client("no client authentication")),
+        },
+    };
+    let store = shared.store();
+    let Some(client) = store.clients.get(&id) else {
+        return Err(invalid_client(format!("unknown client {id:?}")));
+    };
+    match (&client.secret, &secret) {
+        (Some(expected), Some(given)) if expected == given => Ok(Authenticated {
+            id,
+            confidential: true,
+        }),
+        (None, None) => Ok(Authenticated {
+            id,
+            confidential: false,
+        }),
+        (Some(_), _) => Err(invalid_client("wrong or missing client secret")),
+        (None, Some(_)) => Err(invalid_client("a public client has no secret")),
+    }
+}
+
+async fn token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, OAuthFailure> {
+    if shared.fault == Some(Fault::TokenError) {
+        return Err(invalid_client("fault injected"));
+    }
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| {
+            value.split(';').next().is_some_and(|mime| {
+                mime.trim()
+                    .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+            })
+        });
+    if !form {
+        return Err(invalid_request(
+            "the body must be application/x-www-form-urlencoded",
+        ));
+    }
+    let params = parse_params(&body)?;
+    let client = authenticate(&shared, &headers, &params)?;
+    let param = |name: &str| params.get(name).map(String::as_str);
+    if let Some(resource) = param("resource")
+        && resource != shared.resource
+    {
+        return Err(oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_target",
+            format!("resource {resource:?} is not this server's protected resource"),
+        ));
+    }
+    let granted = match param("grant_type") {
+        Some("authorization_code") => authorization_code_grant(&shared, &client, param),
+        Some("refresh_token") => refresh_grant(&shared, &client, param),
+        Some("client_credentials") => client_credentials_grant(&shared, &client, param),
+        Some(other) => Err(oauth_error(
+            StatusCode::BAD_REQUEST,
+            "unsupported_grant_type",
+            format!("grant_type {other:?} is not supported"),
+        )),
+        None => Err(invalid_request("grant_type is missing")),
+    };
+    let body = granted?;
+    Ok((
+        [
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (header::PRAGMA, HeaderValue::from_static("no-cache")),
+        ],
+        axum::Json(body),
+    )
+        .into_response())
+}
+
+fn authorization_code_grant<'a>(
+    shared: &Shared,
+    client: &Authenticated,
+    param: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Value, OAuthFailure> {
+    let (Some(code), Some(verifier), Some(redirect_uri)) =
+        (param("code"), param("code_verifier"), param("redirect_uri"))
+    else {
+        return Err(invalid_request(
+            "code, code_verifier and redirect_uri are required",
+        ));
+    };
+    let now = Instant::now();
+    let mut store = shared.store();
+    // A code is spent by its first use, right or wrong (RFC 6749 §4.1.2).
+    let Some(pending) = store.codes.remove(code) else {
+        return Err(invalid_grant("unknown or used authorization code"));
+    };
+    if pending.expires <= now {
+        return Err(invalid_grant("the authorization code has expired"));
+    }
+    if pending.client_id != client.id {
+        return Err(invalid_grant("the code was issued to another client"));
+    }
+    if pending.redirect_uri != redirect_uri {
+        return Err(invalid_grant(
+            "redirect_uri differs from the authorization request's",
+        ));
+    }
+    if URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes())) != pending.challenge {
+        return Err(invalid_grant(
+            "code_verifier does not match the code_challenge",
+        ));
+    }
+    let response = store.issue(&client.id, &pending.scope, true, now)?;
+    store.stats.authorization_code_grants += 1;
+    Ok(response)
+}
+
+fn refresh_grant<'a>(
+    shared: &Shared,
+    client: &Authenticated,
+    param: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Value, OAuthFailure> {
+    let Some(refresh_token) = param("refresh_token") else {
+        return Err(invalid_request("refresh_token is missing"));
+    };
+    let now = Instant::now();
+    let mut store = shared.store();
+    let owned = store
+        .refresh
+        .get(refresh_token)
+        .is_some_and(|token| token.client_id == client.id);
+    let Some(old) = store.refresh.remove(refresh_token).filter(|_| owned) else {
+        store.stats.refresh_failures += 1;
+        return Err(invalid_grant(
+            "unknown, used or revoked refresh token, or another client's",
+        ));
+    };
+    let scope = match param("scope") {
+        Some(scope) if !scope_within(scope, &old.scope) => {
+            store.refresh.insert(refresh_token.to_owned(), old);
+            return Err(oauth_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_scope",
+                "the scope exceeds the one originally granted",
+            ));
+        }
+        Some(scope) if !scope.trim().is_empty() => scope.trim().to_owned(),
+        _ => old.scope.clone(),
+    };
+    match store.issue(&client.id, &scope, true, now) {
+        Ok(response) => {
+            store.stats.refresh_grants += 1;
+            Ok(response)
+        }
+        Err(response) => {
+            // Nothing was issued: the old token stays usable.
+            store.refresh.insert(refresh_token.to_owned(), old);
+            Err(response)
+        }
+    }
+}
+
+fn client_credentials_grant<'a>(
+    shared: &Shared,
+    client: &Authenticated,
+    param: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Value, OAuthFailure> {
+    if !client.confidential {
+        return Err(oauth_error(
+            StatusCode::BAD_REQUEST,
+            "unauthorized_client",
+            "client_credentials is for confidential clients",
+        ));
+    }
+    let scope = param("scope")
+        .map(str::trim)
+        .filter(|scope| !scope.is_empty())
+        .unwrap_or(SCOPE);
+    let mut store = shared.store();
+    let response = store.issue(&client.id, scope, false, Instant::now())?;
+    store.stats.client_credentials_grants += 1;
+    Ok(response)
+}
+
+/// The bearer check in front of `/mcp`.
+async fn require_bearer(
+    State(shared): State<Arc<Shared>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request.headers().get(header::AUTHORIZATION).map(|value| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim().to_owned())
+    });
+    let caller = {
+        let mut store = shared.store();
+        let now = Instant::now();
+        let caller = presented
+            .as_ref()
+            .and_then(Option::as_deref)
+            .and_then(|token| store.access.get(token))
+            .filter(|token| token.expires > now)
+            .map(|token| token.client_id.clone());
+        if caller.is_some() {
+            store.stats.authorized_mcp_requests += 1;
+        } else {
+            store.stats.rejected_mcp_requests += 1;
+        }
+        caller
+    };
+    let Some(client_id) = caller else {
+        let given = presented.is_some();
+        let challenge = shared.challenge(given);
+        let description = if given {
+            "the access token is unknown or expired"
+        } else {
+            "an access token is required"
+        };
+        let mut response = (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({
+                "error": if given { "invalid_token" } else { "unauthorized" },
+                "error_description": description,
+            })),
+        )
+            .into_response();
+        if let Ok(value) = HeaderValue::from_str(&challenge) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
+        }
+        return response;
+    };
+    request.extensions_mut().insert(OAuthCaller(client_id));
+    next.run(request).await
+}
+
+async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(shared.store().stats).into_response()
+}
+
+/// Every token issued so far, by kind (test only: the server has no secrets
+/// worth keeping).
+async fn admin_tokens(State(shared): State<Arc<Shared>>) -> Response {
+    let store = shared.store();
+    let of = |kind: &str| -> Vec<&str> {
+        store
+            .issued
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, token)| token.as_str())
+            .collect()
+    };
+    axum::Json(json!({
+        "access_tokens": of("access_tokens"),
+        "refresh_tokens": of("refresh_tokens"),
+    }))
+    .into_response()
+}
+
+async fn admin_expire(State(shared): State<Arc<Shared>>) -> Response {
+    shared.expire_access_tokens();
+    axum::Json(json!({"expired": true})).into_response()
+}
+
+async fn admin_revoke(State(shared): State<Arc<Shared>>) -> Response {
+    shared.store().refresh.clear();
+    axum::Json(json!({"revoked": true})).into_response()
+}
+
+/// The body of `POST /admin/config`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminConfig {
+    access_ttl_secs: u64,
+}
+
+async fn admin_config(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, OAuthFailure> {
+    let config: AdminConfig = serde_json::from_slice(&body)
+        .map_err(|err| invalid_request(format!("expected {{\"access_ttl_secs\": n}}: {err}")))?;
+    if config.access_ttl_secs > MAX_ACCESS_TTL.as_secs() {
+        return Err(invalid_request(format!(
+            "access_ttl_secs is at most {}",
+            MAX_ACCESS_TTL.as_secs()
+        )));
+    }
+    shared.store().access_ttl = Duration::from_secs(config.access_ttl_secs);
+    Ok(axum::Json(json!({"access_ttl_secs": config.access_ttl_secs})).into_response())
+}
+
+/// The protected MCP server: who am I, and echo.
+#[derive(Clone)]
+struct OAuthMcpServer {
+    tool_router: rmcp::handler::server::router::tool::ToolRouter<Self>,
+}
+
+/// Arguments of `echo`.
+#[derive(Deserialize, rmcp::schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct EchoParams {
+    /// The text to return.
+    text: String,
+}
+
+#[tool_router]
+impl OAuthMcpServer {
+    fn new() -> Self {
+        Self {
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(description = "Returns the OAuth client id the request's access token was issued to.")]
+    async fn whoami(&self, Extension(parts): Extension<Parts>) -> CallToolResult {
+        match parts.extensions.get::<OAuthCaller>() {
+            Some(OAuthCaller(client_id)) => {
+                CallToolResult::success(vec![ContentBlock::text(client_id.clone())])
+            }
+            None => CallToolResult::error(vec![ContentBlock::text(
+                "the request carries no authorized client",
+            )]),
+        }
+    }
+
+    #[tool(description = "Returns `text` unchanged.")]
+    async fn echo(&self, Parameters(EchoParams { text }): Parameters<EchoParams>) -> String {
+        text
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for OAuthMcpServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+            Implementation::new("quiver-testkit-oauth", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn form_decode_handles_escapes_and_truncation() {
+        assert_eq!(form_decode("a%20b+c"), "a b c");
+        assert_eq!(form_decode("%3A%"), ":%");
+        assert_eq!(form_decode("%4"), "%4");
+        assert_eq!(form_decode("%zz"), "%zz");
+    }
+
+    #[test]
+    fn faults_round_trip() {
+        for fault in Fault::ALL {
+            assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
+        }
+        assert!("nope".parse::<Fault>().is_err());
+    }
+}
