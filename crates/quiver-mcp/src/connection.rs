@@ -22,6 +22,7 @@ use rmcp::{RoleClient, ServiceExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
 
+use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding};
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::peer_events::PeerEvents;
@@ -128,6 +129,9 @@ pub struct ConnectSettings {
     pub max_concurrent_requests: usize,
     /// Hosts the HTTP transports may connect to (checked before connecting).
     pub egress: crate::egress::EgressPolicy,
+    /// Bearer tokens of records with `http.auth_ref` (none: such records
+    /// cannot connect).
+    pub credentials: Option<Arc<dyn CredentialSource>>,
 }
 
 /// A connected, initialized MCP client.
@@ -144,6 +148,8 @@ pub struct Connection {
     _child_slot: Option<OwnedSemaphorePermit>,
     /// When the connection was established.
     pub connected_at: Instant,
+    /// The OAuth grant the connection carries (`http.auth_ref` records).
+    grant: Option<Arc<GrantBinding>>,
 }
 
 /// The worker's side of a connection: who it is, and where what the server
@@ -285,6 +291,17 @@ impl Connection {
         let deadline = settings.initialize_timeout;
         let instance = process_tree::instance_marker();
         let client_side = || side.clone();
+        let grant = match launch {
+            Launch::StreamableHttp(HttpLaunch {
+                auth_ref: Some(auth_ref),
+                ..
+            })
+            | Launch::LegacySse(HttpLaunch {
+                auth_ref: Some(auth_ref),
+                ..
+            }) => Some(Arc::new(GrantBinding::new(auth_ref))),
+            _ => None,
+        };
         let connecting = async {
             match launch {
                 Launch::Stdio(stdio) => {
@@ -295,17 +312,49 @@ impl Connection {
                 Launch::StreamableHttp(http) => {
                     let url = parse_url(&http.url)?;
                     let client = settings.egress.client_for(&url, &settings.http).await?;
-                    let transport = streamable_http(http, client, settings)?;
-                    Ok((serve(client_side().serve(transport)).await?, None))
+                    let config = streamable_http_config(http, settings)?;
+                    match (&http.auth_ref, &grant) {
+                        (Some(auth_ref), Some(grant)) => {
+                            let source = credential_source(settings, auth_ref)?;
+                            let client =
+                                BrokeredClient::new(client, source, auth_ref, grant.clone());
+                            let transport =
+                                StreamableHttpClientTransport::with_client(client, config);
+                            Ok((serve(client_side().serve(transport)).await?, None))
+                        }
+                        _ => {
+                            let transport =
+                                StreamableHttpClientTransport::with_client(client, config);
+                            Ok((serve(client_side().serve(transport)).await?, None))
+                        }
+                    }
                 }
                 Launch::LegacySse(http) => {
                     let url = parse_url(&http.url)?;
                     let client = settings.egress.client_for(&url, &settings.http).await?;
+                    let mut headers = header_map(&http.headers)?;
+                    // Legacy SSE keeps one stream open: the token of the
+                    // moment it connects; a refused one ends the stream and
+                    // the reconnect asks for a fresh token.
+                    if let (Some(auth_ref), Some(grant)) = (&http.auth_ref, &grant) {
+                        let bearer = credential_source(settings, auth_ref)?
+                            .bearer(auth_ref, None)
+                            .await
+                            .map_err(McpError::Unavailable)?;
+                        grant.bind(&bearer).map_err(McpError::Unavailable)?;
+                        let value = reqwest::header::HeaderValue::from_str(&format!(
+                            "Bearer {}",
+                            bearer.token
+                        ))
+                        .map_err(|_| {
+                            McpError::Unavailable(format!(
+                                "oauth connection {auth_ref:?}: the token is not a valid header value"
+                            ))
+                        })?;
+                        headers.insert(reqwest::header::AUTHORIZATION, value);
+                    }
                     let transport = crate::legacy_sse::LegacySseClientTransport::connect(
-                        client,
-                        url,
-                        header_map(&http.headers)?,
-                        deadline,
+                        client, url, headers, deadline,
                     )
                     .await
                     .map_err(|err| {
@@ -344,6 +393,7 @@ impl Connection {
             recycled: OnceLock::new(),
             _child_slot: child_slot,
             connected_at: Instant::now(),
+            grant,
         })
     }
 
@@ -391,7 +441,22 @@ impl Connection {
     /// recycled connection counts as closed at once, before its process has
     /// been ended, so no new call lands on it meanwhile.
     pub fn is_closed(&self) -> bool {
-        self.recycled.get().is_some() || self.peer.is_transport_closed()
+        self.recycled.get().is_some()
+            || self.peer.is_transport_closed()
+            || self
+                .grant
+                .as_ref()
+                .is_some_and(|grant| grant.stale().is_some())
+    }
+
+    /// Whether the connection still carries its OAuth connection's current
+    /// grant (always, without `http.auth_ref`); see
+    /// [`GrantBinding::is_current`].
+    pub async fn carries_current_grant(&self, source: Option<&dyn CredentialSource>) -> bool {
+        match (&self.grant, source) {
+            (Some(grant), Some(source)) => grant.is_current(source).await,
+            _ => true,
+        }
     }
 
     /// The server's log tail and event rate limit.
@@ -483,16 +548,26 @@ fn header_map(
     Ok(map)
 }
 
-fn streamable_http(
+fn streamable_http_config(
     http: &HttpLaunch,
-    client: reqwest::Client,
     settings: &ConnectSettings,
-) -> Result<StreamableHttpClientTransport<reqwest::Client>, McpError> {
+) -> Result<StreamableHttpClientTransportConfig, McpError> {
     let mut config = StreamableHttpClientTransportConfig::with_uri(http.url.clone());
     config.custom_headers = header_map(&http.headers)?
         .into_iter()
         .filter_map(|(k, v)| Some((k?, v)))
         .collect();
     config.max_concurrent_requests = settings.max_concurrent_requests.max(1);
-    Ok(StreamableHttpClientTransport::with_client(client, config))
+    Ok(config)
+}
+
+fn credential_source(
+    settings: &ConnectSettings,
+    auth_ref: &str,
+) -> Result<Arc<dyn CredentialSource>, McpError> {
+    settings.credentials.clone().ok_or_else(|| {
+        McpError::Unavailable(format!(
+            "http.auth_ref {auth_ref:?}: this process has no OAuth credential source (a registry)"
+        ))
+    })
 }

@@ -69,6 +69,8 @@ pub struct HttpLaunch {
     pub url: String,
     /// Resolved headers.
     pub headers: BTreeMap<String, String>,
+    /// The OAuth connection whose bearer token every request carries.
+    pub auth_ref: Option<String>,
 }
 
 /// How to connect to one server.
@@ -141,6 +143,7 @@ pub fn launch(spec: &McpServerSpec, env: &EnvLookup) -> Result<Launch, McpError>
             let launch = HttpLaunch {
                 url: http.url.clone(),
                 headers,
+                auth_ref: http.auth_ref.clone(),
             };
             Ok(if spec.transport == Transport::StreamableHttp {
                 Launch::StreamableHttp(launch)

@@ -5,6 +5,7 @@
 
 mod code;
 pub mod connection;
+pub mod credentials;
 pub mod egress;
 mod error;
 mod inflight;

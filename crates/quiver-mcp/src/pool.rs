@@ -84,6 +84,9 @@ pub struct PoolOptions {
     /// A per-session connection unused this long is closed (its session
     /// starts afresh on its next call).
     pub session_idle_timeout: Duration,
+    /// Bearer tokens of records with `http.auth_ref` (the registry's OAuth
+    /// connections); `None`: such records are unavailable.
+    pub credentials: Option<Arc<dyn crate::credentials::CredentialSource>>,
 }
 
 impl Default for PoolOptions {
@@ -112,6 +115,7 @@ impl Default for PoolOptions {
             egress: crate::egress::EgressPolicy::default(),
             session_leases: LeaseLimits::default(),
             session_idle_timeout: Duration::from_secs(600),
+            credentials: None,
         }
     }
 }
@@ -587,8 +591,14 @@ impl McpPool {
 
     /// Returns the live connection of `entry`, opening one if needed.
     async fn connection(&self, entry: &Arc<Entry>) -> Result<Arc<Connection>, McpError> {
-        if let Some(connection) = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let live = entry.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(connection) = live
             && !connection.is_closed()
+            // A connection carries one OAuth grant: after a new consent it
+            // is stale (closed) and a new one opens below.
+            && connection
+                .carries_current_grant(self.inner.options.credentials.as_deref())
+                .await
         {
             return Ok(connection);
         }
@@ -648,6 +658,7 @@ impl McpPool {
             http: self.inner.options.http.clone(),
             max_concurrent_requests: entry.server.load().spec.budgets.max_concurrency as usize,
             egress: self.inner.options.egress.clone(),
+            credentials: self.inner.options.credentials.clone(),
         };
         let server_id = &entry.server_id();
         let side = ClientSide {

@@ -128,17 +128,19 @@ pub async fn probe(
     http: reqwest::Client,
     deadline: Duration,
 ) -> Result<Probe, ProbeError> {
-    probe_with_egress(spec, env, http, &EgressPolicy::default(), deadline).await
+    probe_with_egress(spec, env, http, &EgressPolicy::default(), None, deadline).await
 }
 
 /// [`probe`] under an egress allowlist. Nothing refused is connected to: a
 /// URL refused by its host alone fails at [`ProbeStep::Launch`], a host name
 /// whose resolved addresses are refused at [`ProbeStep::Initialize`].
+/// Records with `http.auth_ref` take their bearer tokens from `credentials`.
 pub async fn probe_with_egress(
     spec: &McpServerSpec,
     env: &EnvLookup,
     http: reqwest::Client,
     egress: &EgressPolicy,
+    credentials: Option<std::sync::Arc<dyn crate::credentials::CredentialSource>>,
     deadline: Duration,
 ) -> Result<Probe, ProbeError> {
     let started = Instant::now();
@@ -154,6 +156,7 @@ pub async fn probe_with_egress(
         http,
         max_concurrent_requests: 1,
         egress: egress.clone(),
+        credentials: credentials.clone(),
     };
     let timeout = |step, stderr_tail| ProbeError::Timeout {
         step,

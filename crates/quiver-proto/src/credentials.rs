@@ -8,6 +8,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::v1::mcp_approval_service_client::McpApprovalServiceClient;
+use crate::v1::mcp_o_auth_service_client::McpOAuthServiceClient;
 use crate::v1::mcp_registry_service_client::McpRegistryServiceClient;
 
 /// Metadata key naming the person or system behind a write (audit).
@@ -18,6 +19,9 @@ pub type RegistryClient = McpRegistryServiceClient<InterceptedService<Channel, C
 
 /// An approvals client (docs/reference.md §13.7) with its credentials attached.
 pub type ApprovalClient = McpApprovalServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// An OAuth token client (docs/reference.md §13.6) with its credentials attached.
+pub type OAuthClient = McpOAuthServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// A token or actor that cannot be sent as header text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +64,11 @@ impl Credentials {
     /// An approvals client over `channel` sending these credentials.
     pub fn approval_client(self, channel: Channel) -> ApprovalClient {
         McpApprovalServiceClient::with_interceptor(channel, self)
+    }
+
+    /// An OAuth token client over `channel` sending these credentials.
+    pub fn oauth_client(self, channel: Channel) -> OAuthClient {
+        McpOAuthServiceClient::with_interceptor(channel, self)
     }
 }
 

@@ -365,6 +365,7 @@ impl From<StoreError> for RegistryError {
             },
             StoreError::Invalid(err) => err.into(),
             StoreError::InRecord { index, source } => RegistryError::from(*source).in_record(index),
+            StoreError::Limit(message) => RegistryError::ResourceExhausted(message),
             StoreError::Database(err) => {
                 tracing::error!(error = %err, "database error");
                 RegistryError::Unavailable(format!("database unavailable: {err}"))

@@ -12,6 +12,7 @@ use quiver_model::{McpServerSpec, Source};
 use quiver_proto::approval::use_outcome_to;
 use quiver_proto::v1 as pb;
 use quiver_proto::v1::mcp_approval_service_server::McpApprovalService;
+use quiver_proto::v1::mcp_o_auth_service_server::McpOAuthService;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryService;
 use quiver_store::{DeleteRequest, UpsertOutcome, UpsertRequest};
 use tokio_stream::StreamExt;
@@ -441,6 +442,56 @@ impl McpApprovalService for GrpcApprovalService {
             .await?;
         Ok(Response::new(pb::GetApprovalResponse {
             approval: Some((&approval).into()),
+        }))
+    }
+}
+
+/// The tonic `McpOAuthService` (docs/reference.md §13.6): workers (or the
+/// admin) get current access tokens of OAuth connections.
+#[derive(Clone)]
+pub struct GrpcOAuthService {
+    inner: GrpcService,
+}
+
+impl GrpcOAuthService {
+    /// A service over `state`.
+    pub fn new(state: RegistryState) -> Self {
+        GrpcOAuthService {
+            inner: GrpcService::new(state),
+        }
+    }
+}
+
+fn unix_millis(at: Option<chrono::DateTime<chrono::Utc>>) -> i64 {
+    at.map(|at| at.timestamp_millis()).unwrap_or_default()
+}
+
+#[tonic::async_trait]
+impl McpOAuthService for GrpcOAuthService {
+    async fn get_access_token(
+        &self,
+        request: Request<pb::GetAccessTokenRequest>,
+    ) -> Result<Response<pb::GetAccessTokenResponse>, Status> {
+        self.inner.role(&request, Role::Worker)?;
+        let body = request.into_inner();
+        crate::oauth::spec::check_name(&body.auth_ref).map_err(|_| {
+            RegistryError::invalid(
+                "auth_ref",
+                "must name an OAuth connection: letters, digits, '_', '.' or '-'",
+            )
+        })?;
+        let rejected = Some(body.rejected_token_sha256.as_str()).filter(|s| !s.is_empty());
+        let token = self
+            .inner
+            .state
+            .oauth
+            .access_token(&body.auth_ref, rejected)
+            .await?;
+        Ok(Response::new(pb::GetAccessTokenResponse {
+            access_token: token.access_token,
+            expires_at_ms: unix_millis(token.expires_at),
+            refresh_at_ms: unix_millis(token.refresh_at),
+            grant_id: token.grant_id,
         }))
     }
 }

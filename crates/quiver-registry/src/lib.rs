@@ -8,6 +8,7 @@ pub mod error;
 pub mod feed;
 pub mod grpc;
 pub mod head;
+pub mod oauth;
 pub mod preview;
 pub mod rest;
 mod server;
@@ -16,6 +17,6 @@ pub mod web;
 pub mod workers;
 
 pub use server::{
-    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions,
-    ServeError, http_router,
+    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
+    RegistryOptions, ServeError, http_router,
 };

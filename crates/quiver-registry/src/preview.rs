@@ -165,10 +165,13 @@ pub fn evaluate<'a>(
 /// The connection runs in a task of its own, so a client that hangs up does
 /// not cut the clean-up short: the stdio child's process group is always
 /// ended before the task finishes.
+/// Records with `http.auth_ref` carry the tokens of the registry's OAuth
+/// connection (`credentials`).
 pub async fn preview(
     spec: McpServerSpec,
     env: EnvLookup,
     egress: EgressPolicy,
+    credentials: Option<std::sync::Arc<dyn quiver_mcp::credentials::CredentialSource>>,
     timeout: Duration,
 ) -> Result<Preview, RegistryError> {
     let http = quiver_mcp::egress::http_client_builder()
@@ -176,7 +179,9 @@ pub async fn preview(
         .map_err(|err| RegistryError::Internal(format!("cannot build an http client: {err}")))?;
     let probing = {
         let spec = spec.clone();
-        tokio::spawn(async move { probe_with_egress(&spec, &env, http, &egress, timeout).await })
+        tokio::spawn(async move {
+            probe_with_egress(&spec, &env, http, &egress, credentials, timeout).await
+        })
     };
     let found = probing
         .await

@@ -75,6 +75,7 @@ pub fn router() -> Router<RegistryState> {
         .route("/workers", get(list_workers))
         .route("/audit", get(audit))
         .merge(crate::approvals::router())
+        .merge(crate::oauth::rest::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(json_refusals))
@@ -191,13 +192,13 @@ fn form_decoded(text: &str) -> Option<String> {
 }
 
 /// The authenticated caller of a request.
-struct Caller {
+pub(crate) struct Caller {
     role: Role,
-    actor: String,
+    pub(crate) actor: String,
 }
 
 impl Caller {
-    fn require_admin(&self) -> Result<(), RegistryError> {
+    pub(crate) fn require_admin(&self) -> Result<(), RegistryError> {
         self.role.require(Role::Admin)
     }
 
@@ -736,6 +737,7 @@ async fn preview_tools(
         spec.clone(),
         state.preview_env().clone(),
         state.preview_egress().clone(),
+        Some(std::sync::Arc::new(state.oauth.clone())),
         state.preview_timeout(),
     )
     .await

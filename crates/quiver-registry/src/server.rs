@@ -14,6 +14,7 @@ use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
 use quiver_listen::{Connections, Listener, ListenerOptions};
 use quiver_proto::v1::mcp_approval_service_server::McpApprovalServiceServer;
+use quiver_proto::v1::mcp_o_auth_service_server::McpOAuthServiceServer;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_store::Store;
 use serde_json::json;
@@ -23,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::error::RegistryError;
 use crate::feed::{ChangeFeed, FeedOptions};
-use crate::grpc::{GrpcApprovalService, GrpcService};
+use crate::grpc::{GrpcApprovalService, GrpcOAuthService, GrpcService};
+use crate::oauth::broker::OAuthBroker;
+use crate::oauth::seal::Keyring;
 use crate::state::{McpDir, PreviewEnv, RegistryState};
 
 /// Default of [`RegistryOptions::grpc_listen`]: loopback, the protocol's port.
@@ -75,6 +78,20 @@ pub struct RegistryOptions {
     pub listener: ListenerOptions,
     /// Approvals: the approver token and how long approvals live.
     pub approvals: ApprovalOptions,
+    /// OAuth connections: the encryption keys and the public URL.
+    pub oauth: OAuthOptions,
+}
+
+/// OAuth settings of the registry (docs/reference.md §13.6).
+#[derive(Debug, Clone, Default)]
+pub struct OAuthOptions {
+    /// Keys sealing secrets and tokens at rest; `None`: OAuth connections
+    /// cannot be connected (reads and settings still work).
+    pub keyring: Option<Keyring>,
+    /// The registry's URL as browsers reach it (e.g. behind a proxy), which
+    /// authorization servers redirect back to; default: the HTTP listener's
+    /// address.
+    pub public_url: Option<String>,
 }
 
 /// Approval settings of the registry (docs/reference.md §13.7).
@@ -125,6 +142,7 @@ impl Default for RegistryOptions {
             tls: None,
             listener: ListenerOptions::default(),
             approvals: ApprovalOptions::default(),
+            oauth: OAuthOptions::default(),
         }
     }
 }
@@ -183,7 +201,26 @@ impl Registry {
         let auth = Authenticator::new(&options.auth, &addrs)?
             .with_approver_token(options.approvals.approver_token.as_deref())?;
         let feed = ChangeFeed::start(store.clone(), options.feed, shutdown.clone()).await?;
+        let public_url = options.oauth.public_url.clone().unwrap_or_else(|| {
+            let scheme = if options.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{}", addrs[1])
+        });
+        let oauth = OAuthBroker::new(
+            store.clone(),
+            options.oauth.keyring.clone(),
+            format!("{}/admin/oauth/callback", public_url.trim_end_matches('/')),
+            format!(
+                "registry-{}-{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+        );
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
+            .with_oauth(oauth)
             .with_preview_env(options.preview_env.clone())
             .with_preview_egress(options.preview_egress.clone())
             .with_worker_board(options.workers.clone())
@@ -270,6 +307,9 @@ impl Registry {
             )))
             .add_service(McpApprovalServiceServer::new(GrpcApprovalService::new(
                 state.clone(),
+            )))
+            .add_service(McpOAuthServiceServer::new(GrpcOAuthService::new(
+                state.clone(),
             )));
         let tls = options
             .tls
@@ -315,6 +355,7 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
     let workers = state.workers.clone();
     Router::new()
         .nest("/admin/api", crate::rest::router())
+        .route("/admin/oauth/callback", get(crate::oauth::rest::callback))
         .merge(crate::web::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 use crate::auth::Authenticator;
 use crate::error::RegistryError;
 use crate::feed::ChangeFeed;
+use crate::oauth::broker::OAuthBroker;
 use crate::workers::{WorkerBoard, WorkerBoardOptions};
 
 /// Actor recorded for changes made by `mcp.d` rescans.
@@ -231,6 +232,8 @@ pub struct RegistryState {
     preview_env: PreviewEnv,
     preview_egress: quiver_mcp::egress::EgressPolicy,
     approval_ttl: Duration,
+    /// OAuth connections and their tokens (docs/reference.md §13.6).
+    pub oauth: OAuthBroker,
 }
 
 /// Where a tool preview's `${ENV:…}` references and the stdio child's base
@@ -268,7 +271,7 @@ impl RegistryState {
         mcp_dir: Option<McpDir>,
     ) -> Self {
         RegistryState {
-            store,
+            store: store.clone(),
             feed,
             auth,
             workers: WorkerBoard::default(),
@@ -278,7 +281,15 @@ impl RegistryState {
             preview_env: PreviewEnv::default(),
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
             approval_ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
+            oauth: OAuthBroker::new(store, None, String::new(), String::new()),
         }
+    }
+
+    /// The same state with another OAuth broker (the default one has no
+    /// key, so it refuses to store secrets).
+    pub fn with_oauth(mut self, oauth: OAuthBroker) -> Self {
+        self.oauth = oauth;
+        self
     }
 
     /// The same state with another approval lifetime than

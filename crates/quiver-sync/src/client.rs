@@ -37,6 +37,8 @@ struct Replica {
     reporting: OnceLock<RegistryClient>,
     /// The approvals client, likewise.
     approvals: OnceLock<quiver_proto::credentials::ApprovalClient>,
+    /// The OAuth token client, likewise.
+    oauth: OnceLock<quiver_proto::credentials::OAuthClient>,
 }
 
 impl Connector {
@@ -55,6 +57,7 @@ impl Connector {
                     endpoint: endpoint(url, options)?,
                     reporting: OnceLock::new(),
                     approvals: OnceLock::new(),
+                    oauth: OnceLock::new(),
                 })
             })
             .collect::<Result<Vec<_>, SyncError>>()?;
@@ -138,16 +141,62 @@ impl Connector {
                     .approval_client(replica.endpoint.connect_lazy())
             })
             .clone();
-        match tokio::time::timeout(self.request_timeout, request(client)).await {
+        self.bounded(call, request(client)).await
+    }
+
+    /// Runs one OAuth token call on the replica the sync follows, within
+    /// the request timeout.
+    pub(crate) async fn oauth_call<T, F, Fut>(
+        &self,
+        call: &'static str,
+        request: F,
+    ) -> Result<T, SyncError>
+    where
+        F: FnOnce(quiver_proto::credentials::OAuthClient) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let replica = self.replica();
+        let client = replica
+            .oauth
+            .get_or_init(|| {
+                self.credentials
+                    .clone()
+                    .oauth_client(replica.endpoint.connect_lazy())
+            })
+            .clone();
+        // A token request may wait for another replica's refresh and then
+        // refresh itself (registry: lease wait plus token request).
+        let timeout = self.request_timeout.max(OAUTH_CALL_TIMEOUT);
+        self.bounded_by(call, timeout, request(client)).await
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: &'static str,
+        response: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, SyncError> {
+        self.bounded_by(call, self.request_timeout, response).await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        response: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, SyncError> {
+        match tokio::time::timeout(timeout, response).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(SyncError::rpc(call, &status)),
             Err(_) => Err(SyncError::Timeout {
                 call,
-                after: self.request_timeout,
+                after: timeout,
             }),
         }
     }
 }
+
+/// Bound on one OAuth token request (at least; the request timeout when longer).
+const OAUTH_CALL_TIMEOUT: Duration = Duration::from_secs(40);
 
 /// The channel settings of one replica.
 fn endpoint(url: &str, options: &SyncOptions) -> Result<Endpoint, SyncError> {

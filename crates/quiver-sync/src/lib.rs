@@ -43,6 +43,7 @@ mod approvals;
 mod client;
 mod error;
 mod follow;
+mod oauth;
 mod options;
 mod report;
 mod service;
@@ -50,6 +51,7 @@ mod snapshot;
 
 pub use approvals::{CallBinding, RegistryApprovals};
 pub use error::SyncError;
+pub use oauth::{IssuedToken, RegistryTokens};
 pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;
 pub use service::SyncService;

@@ -49,6 +49,14 @@ impl SyncService {
         }
     }
 
+    /// The registry's OAuth access tokens, asked of the replica this sync
+    /// follows.
+    pub fn tokens(&self) -> crate::oauth::RegistryTokens {
+        crate::oauth::RegistryTokens {
+            connector: self.connector.clone(),
+        }
+    }
+
     /// A handle to read snapshots; valid before, during and after `run`.
     pub fn handle(&self) -> SnapshotHandle {
         SnapshotHandle {

@@ -21,6 +21,7 @@ use crate::gateway::rebinding::RebindingGuard;
 use crate::gateway::{Gateway, GatewayOptions};
 use crate::health::PoolHealth;
 use crate::http::{ApiState, router};
+use crate::oauth_tokens::TokenCache;
 
 /// How the worker runs.
 #[derive(Clone)]
@@ -142,9 +143,13 @@ impl Worker {
             })?;
         let addr = listener.local_addr().map_err(WorkerError::Serve)?;
         let callers = Arc::new(Callers::new(&options.callers, addr)?);
-        let pool = McpPool::new(options.pool.clone());
-        let sync = SyncService::new(options.sync.clone())?
-            .with_health_source(Arc::new(PoolHealth(pool.clone())));
+        let sync = SyncService::new(options.sync.clone())?;
+        let tokens = TokenCache::new(sync.tokens());
+        let pool = McpPool::new(PoolOptions {
+            credentials: Some(Arc::new(tokens.clone())),
+            ..options.pool.clone()
+        });
+        let sync = sync.with_health_source(Arc::new(PoolHealth(pool.clone())));
         let upstream = options.upstream.clone().map(Upstream::new).transpose()?;
         let mut artifacts = options.artifacts.clone();
         if artifacts.public_url.is_none() {
@@ -177,6 +182,7 @@ impl Worker {
             gateway,
             rebinding,
             metrics: options.metrics.clone(),
+            tokens: Some(tokens),
         };
         Ok(Worker {
             listener,

@@ -122,6 +122,7 @@ impl Edge {
             gateway,
             rebinding: Arc::new(RebindingGuard::new(true, vec![], vec![])),
             metrics: None,
+            tokens: None,
         };
         Edge {
             router: router(state),

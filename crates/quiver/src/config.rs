@@ -32,6 +32,8 @@ pub struct RegistryFile {
     pub approver_token: Option<String>,
     /// Lifetime of an approval in seconds (decision and use).
     pub approval_ttl_secs: Option<u64>,
+    /// The registry's URL as browsers reach it (OAuth redirects).
+    pub public_url: Option<String>,
     /// Serve without credentials (loopback only).
     pub insecure_no_auth: Option<bool>,
     /// Watch heartbeat period in seconds.

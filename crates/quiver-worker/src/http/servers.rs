@@ -19,6 +19,12 @@ pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Respon
         .map(|server| {
             let id = &server.spec.server_id;
             let health = health.iter().find(|h| &h.server_id == id);
+            // The OAuth connection's status as this worker last saw it
+            // (`not_used` before the first token request).
+            let oauth = server.spec.http.as_ref().and_then(|http| http.auth_ref.as_ref()).map(|auth_ref| {
+                let status = state.tokens.as_ref().and_then(|tokens| tokens.status(auth_ref));
+                json!({"auth_ref": auth_ref, "status": status.map_or(json!("not_used"), |s| json!(s))})
+            });
             json!({
                 "server_id": id,
                 "enabled": server.spec.enabled,
@@ -31,6 +37,7 @@ pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Respon
                 "tool_count": health.and_then(|h| h.tool_count),
                 "pid": health.and_then(|h| h.pid),
                 "sessions": health.map_or(0, |h| h.sessions),
+                "oauth": oauth,
                 "stderr_tail": health.map_or_else(Vec::new, |h| {
                     h.stderr_tail.iter().map(|line| server.spec.redact(line)).collect()
                 }),

@@ -28,4 +28,6 @@ pub struct ApiState {
     pub rebinding: Arc<RebindingGuard>,
     /// Prometheus recorder, when installed.
     pub metrics: Option<PrometheusHandle>,
+    /// OAuth access tokens of records with `http.auth_ref`.
+    pub tokens: Option<crate::oauth_tokens::TokenCache>,
 }

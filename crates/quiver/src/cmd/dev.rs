@@ -110,6 +110,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             rescan_interval: Some(DEV_RESCAN_INTERVAL),
             metrics: Some(metrics.clone()),
             preview_env: PreviewEnv(env_with_own_dir_on_path()),
+            oauth: dev_oauth()?,
             ..Default::default()
         },
         shutdown.clone(),
@@ -165,4 +166,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     worker?;
     tracing::info!("quiver dev stopped");
     Ok(())
+}
+
+/// The dev registry's OAuth keys: `QUIVER_OAUTH_KEYS` when set, else a key
+/// made for this process (tokens it seals do not open after a restart: the
+/// connection then asks to be connected again).
+fn dev_oauth() -> anyhow::Result<quiver_registry::OAuthOptions> {
+    use quiver_registry::oauth::seal::Keyring;
+    let keyring = match std::env::var("QUIVER_OAUTH_KEYS") {
+        Ok(keys) => Keyring::parse(&keys).context("QUIVER_OAUTH_KEYS")?,
+        Err(_) => Keyring::ephemeral("dev"),
+    };
+    Ok(quiver_registry::OAuthOptions {
+        keyring: Some(keyring),
+        public_url: None,
+    })
 }

@@ -9,9 +9,11 @@ use clap::Args;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::FeedOptions;
+use quiver_registry::oauth::seal::Keyring;
 use quiver_registry::state::McpDir;
 use quiver_registry::{
-    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions,
+    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
+    RegistryOptions,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +73,18 @@ pub struct RegistryArgs {
         help = format!("How long an approval waits for its decision and then its use, in seconds [default: {}]",
             quiver_registry::approvals::DEFAULT_APPROVAL_TTL.as_secs()))]
     pub approval_ttl_secs: Option<u64>,
+    /// Keys sealing OAuth secrets and tokens at rest: `ID:BASE64` (32
+    /// bytes), several separated by commas or newlines, the first sealing;
+    /// prefer --oauth-key-file.
+    #[arg(long, env = "QUIVER_OAUTH_KEYS", hide_env_values = true)]
+    pub oauth_keys: Option<String>,
+    /// File holding the OAuth keys, one `ID:BASE64` per line (first seals).
+    #[arg(long, env = "QUIVER_OAUTH_KEY_FILE")]
+    pub oauth_key_file: Option<PathBuf>,
+    /// The registry's URL as browsers reach it, for OAuth redirects
+    /// (default: the HTTP listener's address).
+    #[arg(long, env = "QUIVER_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Serve without credentials; only allowed on loopback listeners.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -148,6 +162,12 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         args.approver_token_file.as_deref(),
         "--approver-token-file",
     )?;
+    let oauth_keys = config::token_or_file(
+        args.oauth_keys,
+        "--oauth-keys",
+        args.oauth_key_file.as_deref(),
+        "--oauth-key-file",
+    )?;
     let approval_ttl_secs = args.approval_ttl_secs.or(file.approval_ttl_secs);
     if approval_ttl_secs.is_some_and(|secs| !(1..=86_400).contains(&secs)) {
         anyhow::bail!("approval_ttl_secs must be 1 to 86400");
@@ -191,6 +211,14 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         approvals: ApprovalOptions {
             approver_token: approver_token.or(file.approver_token),
             ttl: approval_ttl_secs.map_or(defaults.approvals.ttl, Duration::from_secs),
+        },
+        oauth: OAuthOptions {
+            keyring: oauth_keys
+                .as_deref()
+                .map(Keyring::parse)
+                .transpose()
+                .context("--oauth-keys / --oauth-key-file")?,
+            public_url: args.public_url.or(file.public_url),
         },
         ..defaults
     };

@@ -1,0 +1,319 @@
+//! OAuth bearer tokens on streamable HTTP connections (docs/reference.md
+//! §13.6). A record's `http.auth_ref` names an OAuth connection the registry
+//! holds; a [`CredentialSource`] (the worker's cache in front of the
+//! registry's `GetAccessToken`) hands out its current access token.
+//!
+//! [`BrokeredClient`] wraps the HTTP client of one connection: every request
+//! carries the source's current token, and a request the server answers 401
+//! is sent once more with a fresh token (the source is told which token was
+//! refused, so it is refreshed rather than handed out again).
+//!
+//! A connection carries one credential only: the grant it opened with. When
+//! the source's token belongs to another grant (a new consent, possibly by
+//! another person), the connection refuses to send it, marks itself stale
+//! and the pool opens a new one; an MCP session never mixes two grants.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use http::{HeaderName, HeaderValue};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::auth::AuthError;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+use sha2::{Digest, Sha256};
+
+/// A current access token of one OAuth connection.
+#[derive(Clone)]
+pub struct Bearer {
+    /// The token.
+    pub token: String,
+    /// The grant it belongs to (same across refreshes, new with a consent).
+    pub grant_id: String,
+}
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bearer")
+            .field("grant_id", &self.grant_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a connection gets its bearer tokens.
+#[async_trait]
+pub trait CredentialSource: Send + Sync {
+    /// The current token of connection `auth_ref`. `rejected` is the
+    /// [`token_fingerprint`] of a token the server refused: the source must
+    /// not hand that one out again. Errors say why no token can be had
+    /// (not connected, needs re-consent, registry unreachable).
+    async fn bearer(&self, auth_ref: &str, rejected: Option<&str>) -> Result<Bearer, String>;
+}
+
+/// Lowercase hex SHA-256 of a token: how a refused token is named without
+/// sending it anywhere.
+pub fn token_fingerprint(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The grant one connection carries, fixed by its first token.
+#[derive(Debug)]
+pub struct GrantBinding {
+    auth_ref: String,
+    grant: OnceLock<String>,
+    stale: OnceLock<String>,
+}
+
+impl GrantBinding {
+    /// The binding of a connection to OAuth connection `auth_ref`.
+    pub fn new(auth_ref: &str) -> Self {
+        GrantBinding {
+            auth_ref: auth_ref.to_owned(),
+            grant: OnceLock::new(),
+            stale: OnceLock::new(),
+        }
+    }
+
+    /// The OAuth connection's name.
+    pub fn auth_ref(&self) -> &str {
+        &self.auth_ref
+    }
+
+    /// Why the connection must not be used any more (its credential's grant
+    /// changed), if so.
+    pub fn stale(&self) -> Option<&str> {
+        self.stale.get().map(String::as_str)
+    }
+
+    /// Binds the connection to `bearer`'s grant, or refuses a token of
+    /// another grant than the first one (and marks the connection stale).
+    pub fn bind(&self, bearer: &Bearer) -> Result<(), String> {
+        let bound = self.grant.get_or_init(|| bearer.grant_id.clone());
+        if *bound == bearer.grant_id {
+            return Ok(());
+        }
+        let why = format!(
+            "oauth connection {:?} was connected again (a new grant); this MCP session carried the previous one and is closed",
+            self.auth_ref
+        );
+        let _ = self.stale.set(why.clone());
+        Err(why)
+    }
+
+    /// Whether the source's current token still belongs to this
+    /// connection's grant; a new grant marks the connection stale before a
+    /// call is sent on it. (A source that cannot answer leaves that to the
+    /// call itself.)
+    pub async fn is_current(&self, source: &dyn CredentialSource) -> bool {
+        match source.bearer(&self.auth_ref, None).await {
+            Ok(bearer) => self.bind(&bearer).is_ok(),
+            Err(_) => true,
+        }
+    }
+}
+
+/// An HTTP client sending one OAuth connection's bearer token.
+#[derive(Clone)]
+pub struct BrokeredClient<C> {
+    inner: C,
+    source: Arc<dyn CredentialSource>,
+    auth_ref: Arc<str>,
+    binding: Arc<GrantBinding>,
+}
+
+impl<C> BrokeredClient<C> {
+    /// Wraps `inner`; tokens of `auth_ref` come from `source`.
+    pub fn new(
+        inner: C,
+        source: Arc<dyn CredentialSource>,
+        auth_ref: &str,
+        binding: Arc<GrantBinding>,
+    ) -> Self {
+        BrokeredClient {
+            inner,
+            source,
+            auth_ref: auth_ref.into(),
+            binding,
+        }
+    }
+}
+
+fn refusal<E: std::error::Error + Send + Sync + 'static>(
+    message: String,
+) -> StreamableHttpError<E> {
+    StreamableHttpError::Auth(AuthError::OAuthError(message))
+}
+
+impl<C: StreamableHttpClient + Send + Sync> BrokeredClient<C> {
+    async fn bearer(
+        &self,
+        rejected: Option<&str>,
+    ) -> Result<Bearer, StreamableHttpError<C::Error>> {
+        let bearer = self
+            .source
+            .bearer(&self.auth_ref, rejected)
+            .await
+            .map_err(refusal)?;
+        self.binding.bind(&bearer).map_err(refusal)?;
+        Ok(bearer)
+    }
+
+    /// Runs `call` with the current token; on 401 once more with a fresh one.
+    async fn with_token<T, F, Fut>(&self, call: F) -> Result<T, StreamableHttpError<C::Error>>
+    where
+        F: Fn(Option<String>) -> Fut,
+        Fut: Future<Output = Result<T, StreamableHttpError<C::Error>>>,
+    {
+        let sent = self.bearer(None).await?;
+        match call(Some(sent.token.clone())).await {
+            Err(StreamableHttpError::AuthRequired(challenge)) => {
+                let fresh = self.bearer(Some(&token_fingerprint(&sent.token))).await?;
+                if fresh.token == sent.token {
+                    return Err(StreamableHttpError::AuthRequired(challenge));
+                }
+                call(Some(fresh.token)).await
+            }
+            result => result,
+        }
+    }
+}
+
+impl<C: StreamableHttpClient + Send + Sync> StreamableHttpClient for BrokeredClient<C> {
+    type Error = C::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.with_token(|token| {
+            self.inner.post_message(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.with_token(|token| {
+            self.inner.post_message_with_max_sse_event_size(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        })
+        .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.with_token(|token| {
+            self.inner.post_message_with_response_limits(
+                uri.clone(),
+                message.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+                limits,
+            )
+        })
+        .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.with_token(|token| {
+            self.inner.delete_session(
+                uri.clone(),
+                session_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.with_token(|token| {
+            self.inner.get_stream(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+            )
+        })
+        .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<
+        futures::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.with_token(|token| {
+            self.inner.get_stream_with_max_sse_event_size(
+                uri.clone(),
+                session_id.clone(),
+                last_event_id.clone(),
+                token,
+                custom_headers.clone(),
+                max_sse_event_size,
+            )
+        })
+        .await
+    }
+}

@@ -1,0 +1,930 @@
+//! The OAuth credential broker (docs/reference.md §13.6): the registry holds
+//! every OAuth connection's client registration and tokens (sealed, see
+//! [`super::seal`]), runs the flows with rmcp's `auth` module, and hands
+//! workers current access tokens, never refresh tokens.
+//!
+//! Flows:
+//! - authorization code + PKCE: [`OAuthBroker::connect`] discovers the
+//!   server's metadata, registers or names the client, and stores the
+//!   pending flow (PKCE verifier sealed) in the database under its `state`;
+//!   [`OAuthBroker::callback`] takes that row (one-time, whichever replica the
+//!   browser comes back to) and exchanges the code;
+//! - client credentials: [`OAuthBroker::connect`] asks for a token at once,
+//!   and again whenever one is needed.
+//!
+//! Refresh happens on demand ([`OAuthBroker::access_token`]) under a lease
+//! row in the database, so of all replicas exactly one refreshes a token;
+//! the others wait for the lease and then find the new token. A refresh the
+//! authorization server refuses (`invalid_grant`) marks the connection
+//! `needs_reconsent`. Each step that fails says which step it was; a failed
+//! flow stores nothing but the error message.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use oauth2::TokenResponse as _;
+use quiver_mcp::credentials::{Bearer, CredentialSource, token_fingerprint};
+use quiver_store::{
+    OAuthAuthorizationRow, OAuthConnectionRow, OAuthStatus, OAuthTokens, SecretUpdate, Store,
+    StoreError,
+};
+use rmcp::transport::auth::{
+    AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
+    ClientCredentialsConfig, CredentialStore, InMemoryCredentialStore, OAuthClientConfig,
+    StateStore, StoredAuthorizationState, StoredCredentials,
+};
+use serde::{Deserialize, Serialize};
+
+use super::seal::Keyring;
+use super::spec::{Grant, OAuthConnectionSpec, OAuthConnectionView, check_name};
+use crate::error::RegistryError;
+
+/// Bound on each network step of a flow (discovery, registration, token
+/// request).
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a pending authorization waits for the browser to come back.
+pub const AUTHORIZATION_TTL: Duration = Duration::from_secs(600);
+/// How long one replica may hold a connection's refresh lease; a replica
+/// that dies holding it delays the next refresh by at most this.
+const LEASE_TTL: Duration = Duration::from_secs(30);
+/// How long a token request waits for another replica's refresh.
+const LEASE_WAIT: Duration = Duration::from_secs(25);
+/// Pause between looks at a lease another replica holds.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+/// A token is handed out until this long before its expiry (at most half
+/// its lifetime); after that it is refreshed first.
+const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+/// A current access token for a worker.
+#[derive(Clone)]
+pub struct IssuedToken {
+    /// The bearer token.
+    pub access_token: String,
+    /// When it expires, when the authorization server said.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When the worker should ask again instead of using it.
+    pub refresh_at: Option<DateTime<Utc>>,
+    /// Identifies the grant (one consent or client-credentials connect):
+    /// refreshed tokens keep it, a new consent changes it, so a worker never
+    /// carries two grants' tokens over one MCP session.
+    pub grant_id: String,
+}
+
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedToken")
+            .field("expires_at", &self.expires_at)
+            .field("grant_id", &self.grant_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What pressing "Connect" leads to.
+#[derive(Debug)]
+pub enum ConnectOutcome {
+    /// Send the browser here; the authorization server redirects back to
+    /// `/admin/oauth/callback`.
+    Redirect(String),
+    /// Connected already (client credentials).
+    Connected(OAuthConnectionView),
+}
+
+/// The query of `/admin/oauth/callback`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CallbackParams {
+    /// The authorization code.
+    pub code: Option<String>,
+    /// The flow's `state`.
+    pub state: Option<String>,
+    /// RFC 9207 issuer.
+    pub iss: Option<String>,
+    /// An error the authorization server reported instead of a code.
+    pub error: Option<String>,
+    /// Its description.
+    pub error_description: Option<String>,
+}
+
+/// The pending flow, sealed into `oauth_authorizations.payload`.
+#[derive(Serialize, Deserialize)]
+struct Pending {
+    client_id: String,
+    redirect_uri: String,
+    state: StoredAuthorizationState,
+}
+
+/// The broker.
+#[derive(Clone)]
+pub struct OAuthBroker {
+    store: Arc<dyn Store>,
+    keyring: Option<Keyring>,
+    callback_url: String,
+    holder: String,
+}
+
+impl std::fmt::Debug for OAuthBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthBroker")
+            .field("keyring", &self.keyring)
+            .field("callback_url", &self.callback_url)
+            .finish_non_exhaustive()
+    }
+}
+
+fn step(step: &str, message: impl std::fmt::Display) -> RegistryError {
+    RegistryError::McpUnavailable {
+        message: format!("oauth {step}: {message}"),
+        stderr_tail: Vec::new(),
+    }
+}
+
+fn store_error(err: StoreError) -> RegistryError {
+    RegistryError::from(err)
+}
+
+async fn bounded<T>(
+    name: &str,
+    future: impl Future<Output = Result<T, AuthError>>,
+) -> Result<T, RegistryError> {
+    tokio::time::timeout(STEP_TIMEOUT, future)
+        .await
+        .map_err(|_| {
+            step(
+                name,
+                format!("no answer within {} s", STEP_TIMEOUT.as_secs()),
+            )
+        })?
+        .map_err(|err| step(name, err))
+}
+
+fn binding(name: &str, column: &str) -> String {
+    format!("{name}/{column}")
+}
+
+fn millis_epoch_secs(at: DateTime<Utc>) -> u64 {
+    u64::try_from(at.timestamp()).unwrap_or(0)
+}
+
+/// The expiry of stored credentials, when the server gave one.
+fn expiry_of(credentials: &StoredCredentials) -> Option<DateTime<Utc>> {
+    let response = credentials.token_response.as_ref()?;
+    let expires_in = response.expires_in()?;
+    let received = credentials.token_received_at?;
+    let received = DateTime::from_timestamp(i64::try_from(received).ok()?, 0)?;
+    Some(received + chrono::Duration::from_std(expires_in).ok()?)
+}
+
+/// When a token should no longer be handed out: [`REFRESH_MARGIN`] before
+/// expiry, or half its lifetime for short-lived tokens.
+fn refresh_at(credentials: &StoredCredentials) -> Option<DateTime<Utc>> {
+    let expires_in = credentials.token_response.as_ref()?.expires_in()?;
+    let margin = REFRESH_MARGIN.min(expires_in / 2);
+    Some(expiry_of(credentials)? - chrono::Duration::from_std(margin).ok()?)
+}
+
+fn access_token_of(credentials: &StoredCredentials) -> Option<String> {
+    Some(
+        credentials
+            .token_response
+            .as_ref()?
+            .access_token()
+            .secret()
+            .clone(),
+    )
+}
+
+/// A state store holding the one pending flow taken from the database.
+struct OneState(tokio::sync::Mutex<Option<(String, StoredAuthorizationState)>>);
+
+#[async_trait]
+impl StateStore for OneState {
+    async fn save(&self, csrf: &str, state: StoredAuthorizationState) -> Result<(), AuthError> {
+        *self.0.lock().await = Some((csrf.to_owned(), state));
+        Ok(())
+    }
+
+    async fn load(&self, csrf: &str) -> Result<Option<StoredAuthorizationState>, AuthError> {
+        Ok(self
+            .0
+            .lock()
+            .await
+            .as_ref()
+            .filter(|(known, _)| known == csrf)
+            .map(|(_, state)| state.clone()))
+    }
+
+    async fn delete(&self, _csrf: &str) -> Result<(), AuthError> {
+        *self.0.lock().await = None;
+        Ok(())
+    }
+}
+
+/// A state store that lets the caller read what the flow saved.
+#[derive(Clone, Default)]
+struct SharedState(Arc<OneState>);
+
+#[async_trait]
+impl StateStore for SharedState {
+    async fn save(&self, csrf: &str, state: StoredAuthorizationState) -> Result<(), AuthError> {
+        self.0.save(csrf, state).await
+    }
+    async fn load(&self, csrf: &str) -> Result<Option<StoredAuthorizationState>, AuthError> {
+        self.0.load(csrf).await
+    }
+    async fn delete(&self, csrf: &str) -> Result<(), AuthError> {
+        self.0.delete(csrf).await
+    }
+}
+
+impl Default for OneState {
+    fn default() -> Self {
+        OneState(tokio::sync::Mutex::new(None))
+    }
+}
+
+impl OAuthBroker {
+    /// A broker over `store`; without a keyring every operation that would
+    /// store a secret is refused, naming the missing setting.
+    /// `callback_url` is where authorization servers send the browser back
+    /// (`…/admin/oauth/callback`); `holder` names this replica in leases.
+    pub fn new(
+        store: Arc<dyn Store>,
+        keyring: Option<Keyring>,
+        callback_url: String,
+        holder: String,
+    ) -> Self {
+        OAuthBroker {
+            store,
+            keyring,
+            callback_url,
+            holder,
+        }
+    }
+
+    fn keyring(&self) -> Result<&Keyring, RegistryError> {
+        self.keyring.as_ref().ok_or_else(|| {
+            RegistryError::FailedPrecondition(
+                "the registry has no oauth key: set QUIVER_OAUTH_KEYS or --oauth-key-file".into(),
+            )
+        })
+    }
+
+    fn open(&self, name: &str, column: &str, sealed: &str) -> Result<String, RegistryError> {
+        self.keyring()?
+            .open(&binding(name, column), sealed)
+            .map_err(|err| RegistryError::Internal(format!("oauth connection {name:?}: {err}")))
+    }
+
+    fn seal(&self, name: &str, column: &str, plaintext: &str) -> Result<String, RegistryError> {
+        Ok(self.keyring()?.seal(&binding(name, column), plaintext))
+    }
+
+    async fn row(&self, name: &str) -> Result<OAuthConnectionRow, RegistryError> {
+        self.store
+            .get_oauth_connection(name)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| RegistryError::NotFound(format!("oauth connection {name:?} not found")))
+    }
+
+    fn spec_of(row: &OAuthConnectionRow) -> Result<OAuthConnectionSpec, RegistryError> {
+        serde_json::from_str(&row.config).map_err(|err| {
+            RegistryError::Internal(format!("stored oauth connection {:?}: {err}", row.name))
+        })
+    }
+
+    fn secret_of(&self, row: &OAuthConnectionRow) -> Result<Option<String>, RegistryError> {
+        row.client_secret
+            .as_deref()
+            .map(|sealed| self.open(&row.name, "client_secret", sealed))
+            .transpose()
+    }
+
+    fn credentials_of(
+        &self,
+        row: &OAuthConnectionRow,
+    ) -> Result<Option<StoredCredentials>, RegistryError> {
+        let Some(sealed) = row.credentials.as_deref() else {
+            return Ok(None);
+        };
+        let json = self.open(&row.name, "credentials", sealed)?;
+        serde_json::from_str(&json).map(Some).map_err(|err| {
+            RegistryError::Internal(format!(
+                "oauth connection {:?} credentials: {err}",
+                row.name
+            ))
+        })
+    }
+
+    /// Every connection, as reads show them.
+    pub async fn list(&self) -> Result<Vec<OAuthConnectionView>, RegistryError> {
+        let now = Utc::now();
+        self.store
+            .list_oauth_connections()
+            .await
+            .map_err(store_error)?
+            .iter()
+            .map(|row| OAuthConnectionView::of(row, now))
+            .collect()
+    }
+
+    /// One connection.
+    pub async fn view(&self, name: &str) -> Result<OAuthConnectionView, RegistryError> {
+        OAuthConnectionView::of(&self.row(name).await?, Utc::now())
+    }
+
+    /// Creates or changes a connection. Changed settings drop its tokens
+    /// (they were granted for the old ones); the secret is kept unless the
+    /// body names one (empty: removed).
+    pub async fn put(
+        &self,
+        name: &str,
+        spec: OAuthConnectionSpec,
+        actor: &str,
+    ) -> Result<OAuthConnectionView, RegistryError> {
+        check_name(name)?;
+        spec.validate()?;
+        let existing = self
+            .store
+            .get_oauth_connection(name)
+            .await
+            .map_err(store_error)?;
+        let secret = match spec.client_secret.as_deref() {
+            None => SecretUpdate::Keep,
+            Some("") => SecretUpdate::Clear,
+            Some(secret) => {
+                let same = match &existing {
+                    Some(row) => self.secret_of(row)?.as_deref() == Some(secret),
+                    None => false,
+                };
+                if same {
+                    SecretUpdate::Keep
+                } else {
+                    SecretUpdate::Set(self.seal(name, "client_secret", secret)?)
+                }
+            }
+        };
+        let row = self
+            .store
+            .put_oauth_connection(name, spec.config_json(), secret)
+            .await
+            .map_err(store_error)?;
+        audit("oauth_connection_put", name, actor, None);
+        OAuthConnectionView::of(&row, Utc::now())
+    }
+
+    /// Deletes a connection with its tokens and pending flows.
+    pub async fn delete(&self, name: &str, actor: &str) -> Result<(), RegistryError> {
+        if !self
+            .store
+            .delete_oauth_connection(name)
+            .await
+            .map_err(store_error)?
+        {
+            return Err(RegistryError::NotFound(format!(
+                "oauth connection {name:?} not found"
+            )));
+        }
+        audit("oauth_connection_delete", name, actor, None);
+        Ok(())
+    }
+
+    async fn discovered(
+        &self,
+        spec: &OAuthConnectionSpec,
+        need_pkce: bool,
+    ) -> Result<AuthorizationManager, RegistryError> {
+        let mut manager = bounded(
+            "discovery",
+            AuthorizationManager::new_allowing_private_addresses(spec.server_url.as_str()),
+        )
+        .await?;
+        let resolution = bounded("discovery", manager.resolve_metadata()).await?;
+        if !resolution.source.is_discovered() {
+            return Err(step(
+                "discovery",
+                format!(
+                    "{} publishes no OAuth metadata (protected resource or authorization server)",
+                    spec.server_url
+                ),
+            ));
+        }
+        if need_pkce {
+            // MCP authorization: a server whose metadata does not list S256
+            // does not support PKCE, and clients must not proceed.
+            let s256 = resolution
+                .metadata
+                .code_challenge_methods_supported
+                .as_ref()
+                .is_some_and(|methods| methods.iter().any(|m| m == "S256"));
+            if !s256 {
+                return Err(step(
+                    "discovery",
+                    "the authorization server does not advertise PKCE with S256 (code_challenge_methods_supported)",
+                ));
+            }
+        }
+        manager.set_metadata(resolution.metadata);
+        Ok(manager)
+    }
+
+    /// Starts connecting: for the authorization-code grant returns the URL
+    /// to send the browser to; for client credentials asks for a token now.
+    pub async fn connect(&self, name: &str, actor: &str) -> Result<ConnectOutcome, RegistryError> {
+        self.keyring()?;
+        let row = self.row(name).await?;
+        let spec = Self::spec_of(&row)?;
+        let secret = self.secret_of(&row)?;
+        let result = match spec.grant {
+            Grant::ClientCredentials => self
+                .client_credentials(&row, &spec, secret, false)
+                .await
+                .and_then(|(row, _)| {
+                    OAuthConnectionView::of(&row, Utc::now()).map(ConnectOutcome::Connected)
+                }),
+            Grant::AuthorizationCode => self.start_authorization(&row, &spec, secret).await,
+        };
+        self.note_failure(name, &result).await;
+        if result.is_ok() {
+            audit("oauth_connect", name, actor, None);
+        }
+        result
+    }
+
+    async fn note_failure<T>(&self, name: &str, result: &Result<T, RegistryError>) {
+        if let Err(err) = result
+            && matches!(err, RegistryError::McpUnavailable { .. })
+        {
+            let _ = self.store.set_oauth_error(name, &err.to_string()).await;
+        }
+    }
+
+    async fn start_authorization(
+        &self,
+        row: &OAuthConnectionRow,
+        spec: &OAuthConnectionSpec,
+        secret: Option<String>,
+    ) -> Result<ConnectOutcome, RegistryError> {
+        let mut manager = self.discovered(spec, true).await?;
+        let captured = SharedState::default();
+        manager.set_state_store(captured.clone());
+        let mut request = AuthorizationRequest::new(self.callback_url.clone())
+            .with_client_name("Quiver registry")
+            .with_scopes(spec.scopes.iter().cloned());
+        if spec.scopes.is_empty() {
+            request = request.with_initial_scope_selection();
+        }
+        if let Some(id) = &spec.client_id {
+            request = request.with_preregistered_client(id.clone());
+        }
+        if let Some(secret) = secret {
+            request = request.with_client_secret(secret);
+        }
+        if let Some(url) = &spec.client_metadata_url {
+            request = request.with_client_metadata_url(url.clone());
+        }
+        let session =
+            tokio::time::timeout(STEP_TIMEOUT, AuthorizationSession::new(manager, request))
+                .await
+                .map_err(|_| step("registration", "no answer in time"))?
+                .map_err(|(_, err)| step("registration", err))?;
+        let (client_id, _) = session
+            .auth_manager
+            .get_credentials()
+            .await
+            .map_err(|err| step("registration", err))?;
+        let Some((csrf, state)) = captured.0.0.lock().await.take() else {
+            return Err(RegistryError::Internal(
+                "the authorization request stored no state".into(),
+            ));
+        };
+        let pending = Pending {
+            client_id,
+            redirect_uri: self.callback_url.clone(),
+            state,
+        };
+        let payload = serde_json::to_string(&pending)
+            .map_err(|err| RegistryError::Internal(err.to_string()))?;
+        let now = Utc::now();
+        self.store
+            .create_oauth_authorization(OAuthAuthorizationRow {
+                state: csrf.clone(),
+                name: row.name.clone(),
+                generation: row.generation,
+                payload: self.seal(&csrf, "authorization", &payload)?,
+                created_at: now,
+                expires_at: now + chrono::Duration::from_std(AUTHORIZATION_TTL).unwrap_or_default(),
+            })
+            .await
+            .map_err(store_error)?;
+        Ok(ConnectOutcome::Redirect(session.auth_url))
+    }
+
+    /// Finishes an authorization-code flow: takes its pending row (once),
+    /// exchanges the code and stores the tokens. Returns the connection's
+    /// name.
+    pub async fn callback(&self, params: CallbackParams) -> Result<String, RegistryError> {
+        self.keyring()?;
+        let state = params
+            .state
+            .as_deref()
+            .filter(|state| !state.is_empty() && state.len() <= 512)
+            .ok_or_else(|| step("callback", "the redirect carries no state"))?;
+        let pending = self
+            .store
+            .take_oauth_authorization(state)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| {
+                step(
+                    "callback",
+                    "state mismatch: no authorization is waiting for this state (used, expired or never started); press Connect again",
+                )
+            })?;
+        let name = pending.name.clone();
+        let result = self.finish_authorization(pending, &params).await;
+        self.note_failure(&name, &result).await;
+        if result.is_ok() {
+            audit("oauth_connected", &name, "oauth-callback", None);
+        }
+        result.map(|()| name)
+    }
+
+    async fn finish_authorization(
+        &self,
+        pending: OAuthAuthorizationRow,
+        params: &CallbackParams,
+    ) -> Result<(), RegistryError> {
+        if let Some(error) = &params.error {
+            return Err(step(
+                "authorization",
+                format!(
+                    "the authorization server answered {error}: {}",
+                    params
+                        .error_description
+                        .as_deref()
+                        .unwrap_or("no description")
+                ),
+            ));
+        }
+        if pending.expires_at <= Utc::now() {
+            return Err(step(
+                "callback",
+                "the authorization expired before the browser came back; press Connect again",
+            ));
+        }
+        let code = params
+            .code
+            .as_deref()
+            .filter(|code| !code.is_empty())
+            .ok_or_else(|| step("callback", "the redirect carries no code"))?;
+        let row = self.row(&pending.name).await?;
+        if row.generation != pending.generation {
+            return Err(step(
+                "callback",
+                "the connection changed while the browser was away; press Connect again",
+            ));
+        }
+        let spec = Self::spec_of(&row)?;
+        let secret = self.secret_of(&row)?;
+        let payload = self.open(&pending.state, "authorization", &pending.payload)?;
+        let flow: Pending = serde_json::from_str(&payload)
+            .map_err(|err| RegistryError::Internal(format!("pending authorization: {err}")))?;
+        let mut manager = self.discovered(&spec, true).await?;
+        let mut client = OAuthClientConfig::new(flow.client_id.clone(), flow.redirect_uri);
+        if let Some(secret) = secret {
+            client = client.with_client_secret(secret);
+        }
+        manager
+            .configure_client(client)
+            .map_err(|err| step("token exchange", err))?;
+        manager.set_state_store(OneState(tokio::sync::Mutex::new(Some((
+            pending.state.clone(),
+            flow.state,
+        )))));
+        let tokens = InMemoryCredentialStore::new();
+        manager.set_credential_store(tokens.clone());
+        bounded(
+            "token exchange",
+            manager.exchange_code_for_token_with_issuer(
+                code,
+                &pending.state,
+                params.iss.as_deref(),
+            ),
+        )
+        .await?;
+        let credentials = tokens
+            .load()
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| step("token exchange", "no token was stored"))?;
+        self.save(&row, &credentials, false).await?;
+        Ok(())
+    }
+
+    async fn save(
+        &self,
+        row: &OAuthConnectionRow,
+        credentials: &StoredCredentials,
+        refreshed: bool,
+    ) -> Result<OAuthConnectionRow, RegistryError> {
+        let json = serde_json::to_string(credentials)
+            .map_err(|err| RegistryError::Internal(err.to_string()))?;
+        let tokens = OAuthTokens {
+            credentials: self.seal(&row.name, "credentials", &json)?,
+            registration: None,
+            expires_at: expiry_of(credentials),
+            refreshed,
+        };
+        self.store
+            .store_oauth_tokens(&row.name, row.generation, tokens)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| {
+                step(
+                    "token exchange",
+                    "the connection changed during the request; nothing was stored",
+                )
+            })
+    }
+
+    async fn client_credentials(
+        &self,
+        row: &OAuthConnectionRow,
+        spec: &OAuthConnectionSpec,
+        secret: Option<String>,
+        refreshed: bool,
+    ) -> Result<(OAuthConnectionRow, StoredCredentials), RegistryError> {
+        let (Some(client_id), Some(client_secret)) = (spec.client_id.clone(), secret) else {
+            return Err(RegistryError::invalid(
+                "client_secret",
+                "grant \"client_credentials\" needs client_id and client_secret",
+            ));
+        };
+        let mut manager = self.discovered(spec, false).await?;
+        let config = ClientCredentialsConfig::ClientSecret {
+            client_id: client_id.clone(),
+            client_secret,
+            scopes: spec.scopes.clone(),
+            resource: Some(spec.server_url.clone()),
+        };
+        manager
+            .configure_client_credentials(&config)
+            .map_err(|err| step("client credentials", err))?;
+        let response = bounded(
+            "client credentials",
+            manager.exchange_client_credentials(&config),
+        )
+        .await?;
+        let credentials = StoredCredentials::new(
+            client_id,
+            Some(response),
+            spec.scopes.clone(),
+            Some(millis_epoch_secs(Utc::now())),
+        );
+        let row = self.save(row, &credentials, refreshed).await?;
+        Ok((row, credentials))
+    }
+
+    /// A current access token of connection `name` for a worker. With
+    /// `rejected` (the fingerprint of a token the server refused) a token
+    /// with that fingerprint is not handed out again: it is refreshed, once
+    /// across all replicas.
+    pub async fn access_token(
+        &self,
+        name: &str,
+        rejected: Option<&str>,
+    ) -> Result<IssuedToken, RegistryError> {
+        self.keyring()?;
+        let row = self.row(name).await?;
+        if let Some(token) = self.usable(&row, rejected)? {
+            return Ok(token);
+        }
+        let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+        loop {
+            if self
+                .store
+                .acquire_oauth_lease(name, &self.holder, LEASE_TTL)
+                .await
+                .map_err(store_error)?
+            {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RegistryError::Unavailable(format!(
+                    "oauth connection {name:?}: another registry replica has been refreshing its token for {} s",
+                    LEASE_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(LEASE_POLL).await;
+            let row = self.row(name).await?;
+            if let Some(token) = self.usable(&row, rejected)? {
+                return Ok(token);
+            }
+        }
+        // Under the lease: another replica may have refreshed in between.
+        let result = async {
+            let row = self.row(name).await?;
+            if let Some(token) = self.usable(&row, rejected)? {
+                return Ok(token);
+            }
+            self.refresh(&row).await
+        }
+        .await;
+        let _ = self.store.release_oauth_lease(name, &self.holder).await;
+        self.note_failure(name, &result).await;
+        result
+    }
+
+    /// The stored token when it may be handed out: connected, not about to
+    /// expire and not the rejected one. Errors for connections that cannot
+    /// give one.
+    fn usable(
+        &self,
+        row: &OAuthConnectionRow,
+        rejected: Option<&str>,
+    ) -> Result<Option<IssuedToken>, RegistryError> {
+        match row.status {
+            OAuthStatus::NeedsReconsent => {
+                return Err(step(
+                    "refresh",
+                    format!(
+                        "connection {:?} needs re-consent: press Connect in the web admin ({})",
+                        row.name,
+                        row.last_error
+                            .as_deref()
+                            .unwrap_or("the refresh token was refused")
+                    ),
+                ));
+            }
+            OAuthStatus::NotConnected => {
+                let spec = Self::spec_of(row)?;
+                if spec.grant == Grant::ClientCredentials {
+                    return Ok(None);
+                }
+                return Err(step(
+                    "authorization",
+                    format!(
+                        "connection {:?} is not connected: press Connect in the web admin",
+                        row.name
+                    ),
+                ));
+            }
+            OAuthStatus::Connected => {}
+        }
+        let Some(credentials) = self.credentials_of(row)? else {
+            return Ok(None);
+        };
+        let Some(access_token) = access_token_of(&credentials) else {
+            return Ok(None);
+        };
+        if rejected.is_some_and(|fingerprint| fingerprint == token_fingerprint(&access_token)) {
+            return Ok(None);
+        }
+        let refresh_at = refresh_at(&credentials);
+        if refresh_at.is_some_and(|at| at <= Utc::now()) {
+            return Ok(None);
+        }
+        Ok(Some(IssuedToken {
+            access_token,
+            expires_at: expiry_of(&credentials),
+            refresh_at,
+            grant_id: grant_id(row),
+        }))
+    }
+
+    async fn refresh(&self, row: &OAuthConnectionRow) -> Result<IssuedToken, RegistryError> {
+        let spec = Self::spec_of(row)?;
+        let secret = self.secret_of(row)?;
+        let credentials = self.credentials_of(row)?;
+        let has_refresh_token = credentials
+            .as_ref()
+            .and_then(|c| c.token_response.as_ref())
+            .is_some_and(|response| response.refresh_token().is_some());
+        let (row, credentials) = if spec.grant == Grant::ClientCredentials && !has_refresh_token {
+            let refreshed = row.status == OAuthStatus::Connected;
+            self.client_credentials(row, &spec, secret, refreshed)
+                .await?
+        } else {
+            let Some(credentials) = credentials.filter(|_| has_refresh_token) else {
+                self.reconsent(row, "the token expired and no refresh token was issued")
+                    .await?;
+                return Err(step(
+                    "refresh",
+                    format!(
+                        "connection {:?} needs re-consent: its token expired and it has no refresh token",
+                        row.name
+                    ),
+                ));
+            };
+            let mut manager = self.discovered(&spec, false).await?;
+            let mut client =
+                OAuthClientConfig::new(credentials.client_id.clone(), self.callback_url.clone());
+            if let Some(secret) = secret {
+                client = client.with_client_secret(secret);
+            }
+            manager
+                .configure_client(client)
+                .map_err(|err| step("refresh", err))?;
+            let store = InMemoryCredentialStore::new();
+            store
+                .save(credentials)
+                .await
+                .map_err(|err| step("refresh", err))?;
+            manager.set_credential_store(store.clone());
+            let refreshed = tokio::time::timeout(STEP_TIMEOUT, manager.refresh_token())
+                .await
+                .map_err(|_| step("refresh", "no answer in time"))?;
+            match refreshed {
+                Ok(_) => {}
+                Err(AuthError::TokenRefreshRejected(reason)) => {
+                    metrics::counter!("quiver_oauth_refreshes_total", "result" => "rejected")
+                        .increment(1);
+                    self.reconsent(row, &format!("refresh token refused: {reason}"))
+                        .await?;
+                    return Err(step(
+                        "refresh",
+                        format!(
+                            "connection {:?} needs re-consent: the authorization server refused its refresh token",
+                            row.name
+                        ),
+                    ));
+                }
+                Err(err) => {
+                    metrics::counter!("quiver_oauth_refreshes_total", "result" => "failed")
+                        .increment(1);
+                    return Err(step("refresh", err));
+                }
+            }
+            let credentials = store
+                .load()
+                .await
+                .ok()
+                .flatten()
+                .ok_or_else(|| step("refresh", "no token was stored"))?;
+            (self.save(row, &credentials, true).await?, credentials)
+        };
+        metrics::counter!("quiver_oauth_refreshes_total", "result" => "ok").increment(1);
+        audit(
+            "oauth_refresh",
+            &row.name,
+            &self.holder,
+            expiry_of(&credentials),
+        );
+        let access_token = access_token_of(&credentials)
+            .ok_or_else(|| step("refresh", "the response carries no access token"))?;
+        Ok(IssuedToken {
+            access_token,
+            expires_at: expiry_of(&credentials),
+            refresh_at: refresh_at(&credentials),
+            grant_id: grant_id(&row),
+        })
+    }
+
+    async fn reconsent(&self, row: &OAuthConnectionRow, error: &str) -> Result<(), RegistryError> {
+        self.store
+            .set_oauth_needs_reconsent(&row.name, row.generation, error)
+            .await
+            .map_err(store_error)?;
+        audit("oauth_needs_reconsent", &row.name, &self.holder, None);
+        Ok(())
+    }
+}
+
+/// One grant's id: the connection and the moment it was connected.
+fn grant_id(row: &OAuthConnectionRow) -> String {
+    let connected = row
+        .connected_at
+        .map(|at| at.timestamp_millis())
+        .unwrap_or_default();
+    token_fingerprint(&format!("{}\n{connected}", row.name))[..16].to_owned()
+}
+
+fn audit(action: &'static str, name: &str, actor: &str, expires_at: Option<DateTime<Utc>>) {
+    tracing::info!(
+        target: "quiver::audit",
+        action,
+        oauth_connection = %name,
+        actor = %actor,
+        expires_at = ?expires_at,
+        "oauth"
+    );
+}
+
+/// The registry's own connections (tool previews) take their tokens
+/// straight from the broker.
+#[async_trait]
+impl CredentialSource for OAuthBroker {
+    async fn bearer(&self, auth_ref: &str, rejected: Option<&str>) -> Result<Bearer, String> {
+        let token = self
+            .access_token(auth_ref, rejected)
+            .await
+            .map_err(|err| err.to_string())?;
+        Ok(Bearer {
+            token: token.access_token,
+            grant_id: token.grant_id,
+        })
+    }
+}
