@@ -23,8 +23,9 @@ use tonic::transport::Channel;
 
 /// How long a registry may take to log that it is listening.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Log lines kept for diagnostics.
-const LOG_TAIL: usize = 200;
+/// Log lines kept for diagnostics (and for tests that look through a whole
+/// short run's log, as `oauth.rs` does).
+pub const LOG_TAIL: usize = 1000;
 
 /// Path of the `quiver` binary built for this test run.
 pub fn quiver_bin() -> &'static str {

@@ -26,6 +26,7 @@ mod kubernetes;
 mod listeners;
 mod metrics;
 mod multi_host;
+mod oauth;
 mod openai_sdk;
 mod otlp;
 mod registry_concurrency;

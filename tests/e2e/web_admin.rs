@@ -14,8 +14,9 @@
 //! `tests/web/node_modules`) are installed by `scripts/test.sh`. Without
 //! them the test fails: it never skips silently.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -168,6 +169,120 @@ async fn request_approvals(grpc_url: &str) {
     }
 }
 
+/// How a browser script ended.
+struct ScriptRun {
+    /// Its exit status; `None` when it was killed at [`SCRIPT_TIMEOUT`].
+    status: Option<ExitStatus>,
+    /// Its stdout, then its stderr.
+    log: String,
+}
+
+/// Runs `node <script>` in `tests/web` with `env` added to the environment
+/// (and no proxy: loopback only), echoing its output as it comes; kills it
+/// after [`SCRIPT_TIMEOUT`].
+async fn run_script(script: &Path, env: &[(&str, OsString)]) -> ScriptRun {
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(script)
+        .current_dir(workspace().join("tests/web"))
+        .envs(env.iter().map(|(key, value)| (*key, value)))
+        // Loopback only: no proxy may sit between the browser and the registry.
+        .env("NO_PROXY", "*")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn node");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    // Both streams are echoed as they come (visible with --no-capture and in
+    // failure output) and kept for the failure message.
+    let echo = |stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            let mut kept = Vec::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+                kept.push(line);
+            }
+            kept
+        })
+    };
+    let out = echo(Box::new(stdout));
+    let err = echo(Box::new(stderr));
+    let status = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await {
+        Ok(status) => Some(status.expect("wait for node")),
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    };
+    let mut log = out.await.unwrap_or_default();
+    log.extend(err.await.unwrap_or_default());
+    let log = log.join("\n");
+    ScriptRun { status, log }
+}
+
+/// Runs the browser script `script` (a file of `tests/web`, e.g.
+/// `oauth.spec.mjs`, or an absolute path) with Node.js and playwright-core in
+/// Chromium, with `env` added to its environment. `QUIVER_TEST_CHROMIUM` and
+/// `QUIVER_TEST_NODE_MODULES` are set (the test fails when either is
+/// missing), and so are `QUIVER_SCREENSHOTS` and `QUIVER_SCREENSHOT_DIR`
+/// (`target/web-admin-screenshots/<script's stem>/`) unless `env` names
+/// one. Panics with the script's output when it exits non-zero or does not
+/// finish within [`SCRIPT_TIMEOUT`].
+pub(crate) async fn run_browser_script(script: &str, env: &[(&str, String)]) {
+    let chromium = chromium();
+    let modules = node_modules();
+    let node = node_version().await;
+    let script = workspace().join("tests/web").join(script);
+    let stem = script
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.split('.').next())
+        .unwrap_or("script")
+        .to_owned();
+    let screenshots = env
+        .iter()
+        .find(|(key, _)| *key == "QUIVER_SCREENSHOTS" || *key == "QUIVER_SCREENSHOT_DIR")
+        .map_or_else(
+            || workspace().join("target/web-admin-screenshots").join(&stem),
+            |(_, dir)| PathBuf::from(dir),
+        );
+    std::fs::create_dir_all(&screenshots).expect("screenshot dir");
+    let mut full: Vec<(&str, OsString)> = vec![
+        ("QUIVER_TEST_CHROMIUM", chromium.clone().into()),
+        ("QUIVER_TEST_NODE_MODULES", modules.into()),
+        ("QUIVER_SCREENSHOTS", screenshots.clone().into()),
+        ("QUIVER_SCREENSHOT_DIR", screenshots.clone().into()),
+    ];
+    full.extend(env.iter().map(|(key, value)| (*key, OsString::from(value))));
+    let started = Instant::now();
+    let ScriptRun { status, log } = run_script(&script, &full).await;
+    match status {
+        None => panic!(
+            "the browser script {} did not finish within {SCRIPT_TIMEOUT:?}; its output:\n{log}",
+            script.display()
+        ),
+        Some(status) if !status.success() => panic!(
+            "the browser script {} failed ({status}, node {node}, {chromium}); screenshots in {}; \
+             its output:\n{log}",
+            script.display(),
+            screenshots.display()
+        ),
+        Some(_) => eprintln!(
+            "browser script {} passed in {:.1?} (node {node}); screenshots in {}",
+            script.display(),
+            started.elapsed(),
+            screenshots.display()
+        ),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_admin_in_chromium() {
     let chromium = chromium();
@@ -212,60 +327,24 @@ async fn web_admin_in_chromium() {
     let script = workspace().join("tests/web/admin.spec.mjs");
 
     let started = Instant::now();
-    let mut command = tokio::process::Command::new("node");
-    command
-        .arg(&script)
-        .current_dir(workspace().join("tests/web"))
-        .env("QUIVER_REGISTRY_URL", registry.http_url())
-        .env("QUIVER_ADMIN_TOKEN", ADMIN)
-        .env("QUIVER_WORKER_TOKEN", WORKER)
-        .env("QUIVER_APPROVER_TOKEN", APPROVER)
-        .env("QUIVER_WORKER_ID", WORKER_ID)
-        .env("QUIVER_WORKER_URL", worker.url())
-        .env("QUIVER_CALLER_TOKEN", CALLER)
-        .env("QUIVER_MCP_BIN", testkit_mcp_bin())
-        .env("QUIVER_MCP_DIR", &mcp_dir)
-        .env("QUIVER_SCREENSHOT_DIR", &screenshots)
-        .env("QUIVER_TEST_CHROMIUM", &chromium)
-        .env("QUIVER_TEST_NODE_MODULES", &modules)
-        // Loopback only: no proxy may sit between the browser and the registry.
-        .env("NO_PROXY", "*")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command.spawn().expect("spawn node");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let stderr = child.stderr.take().expect("piped stderr");
-    // Both streams are echoed as they come (visible with --no-capture and in
-    // failure output) and kept for the failure message.
-    let echo = |stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>| {
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stream).lines();
-            let mut kept = Vec::new();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("{line}");
-                kept.push(line);
-            }
-            kept
-        })
-    };
-    let out = echo(Box::new(stdout));
-    let err = echo(Box::new(stderr));
-    let status = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await {
-        Ok(status) => Some(status.expect("wait for node")),
-        Err(_) => {
-            let _ = child.kill().await;
-            None
-        }
-    };
-    let mut log = out.await.unwrap_or_default();
-    log.extend(err.await.unwrap_or_default());
-    let log = log.join("\n");
+    let ScriptRun { status, log } = run_script(
+        &script,
+        &[
+            ("QUIVER_REGISTRY_URL", registry.http_url().into()),
+            ("QUIVER_ADMIN_TOKEN", ADMIN.into()),
+            ("QUIVER_WORKER_TOKEN", WORKER.into()),
+            ("QUIVER_APPROVER_TOKEN", APPROVER.into()),
+            ("QUIVER_WORKER_ID", WORKER_ID.into()),
+            ("QUIVER_WORKER_URL", worker.url().into()),
+            ("QUIVER_CALLER_TOKEN", CALLER.into()),
+            ("QUIVER_MCP_BIN", testkit_mcp_bin().into()),
+            ("QUIVER_MCP_DIR", mcp_dir.clone().into()),
+            ("QUIVER_SCREENSHOT_DIR", screenshots.clone().into()),
+            ("QUIVER_TEST_CHROMIUM", chromium.clone().into()),
+            ("QUIVER_TEST_NODE_MODULES", modules.into()),
+        ],
+    )
+    .await;
     match status {
         None => panic!(
             "the browser script did not finish within {SCRIPT_TIMEOUT:?}; its output:\n{log}\n\

@@ -2,7 +2,9 @@
 //
 // Routes (below /admin/): `` and `servers` (list), `servers/new`,
 // `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`,
-// `approvals`. The approver token sees the approvals page only.
+// `approvals`, `oauth` (OAuth connections, admin only; the registry's OAuth
+// callback comes back to `oauth?connected=<name>`). The approver token sees
+// the approvals page only.
 
 import { BASE, getToken, setToken, whoami, ApiError } from './api.js';
 import { h, replace, stateBox, confirmDialog } from './dom.js';
@@ -12,6 +14,7 @@ import { historyPage } from './history.js';
 import { workersPage } from './workers.js';
 import { importPage } from './importer.js';
 import { approvalsPage } from './approvals.js';
+import { oauthPage } from './oauth.js';
 
 const root = document.getElementById('app');
 
@@ -78,6 +81,7 @@ function match(path) {
   if (parts[0] === 'servers' && parts.length === 3 && parts[2] === 'history') return ['servers', () => historyPage(context, { id: parts[1] })];
   if (parts.length === 1 && parts[0] === 'workers') return ['workers', () => workersPage(context)];
   if (parts.length === 1 && parts[0] === 'import') return ['import', () => importPage(context)];
+  if (parts.length === 1 && parts[0] === 'oauth') return ['oauth', () => oauthPage(context)];
   return ['', () => ({
     el: stateBox({
       title: 'Page not found',
@@ -115,7 +119,8 @@ function shell() {
     link('servers', { dataset: { section: 'servers' }, testid: 'nav-servers' }, 'Servers'),
     link('workers', { dataset: { section: 'workers' }, testid: 'nav-workers' }, 'Workers'),
     admin ? approvals : null,
-    admin ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null);
+    admin ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null,
+    admin ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null);
   const roleBadge = session.insecure
     ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
     : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },

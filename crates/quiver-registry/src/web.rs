@@ -54,6 +54,7 @@ const ASSETS: &[Asset] = &[
     asset!("js/form.js"),
     asset!("js/history.js"),
     asset!("js/importer.js"),
+    asset!("js/oauth.js"),
     asset!("js/record.js"),
     asset!("js/servers.js"),
     asset!("js/status.js"),
