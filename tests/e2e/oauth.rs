@@ -9,8 +9,9 @@
 //! the authorization server) although two workers through two replicas need
 //! it at the same moment; a refused refresh token turns the connection to
 //! `needs_reconsent` and its calls into a clear `mcp_unavailable` while other
-//! servers keep working; no token shows up in any log line, REST read or
-//! history entry. The bad-input cases show each failing step named and
+//! servers keep working; a tool needing more scope (403 `insufficient_scope`)
+//! asks for consent to it (client credentials: gets it at once); no token
+//! shows up in any log line, REST read or history entry. The bad-input cases show each failing step named and
 //! nothing stored.
 
 use std::process::Stdio;
@@ -353,6 +354,35 @@ async fn one_broker_serves_the_fleet_refreshes_once_and_asks_for_reconsent() {
     assert_eq!(whoami(&worker_b, "tracker").await, again);
     assert_eq!(view(&registry_a, CONNECTION).await["status"], "connected");
 
+    // Step-up: a tool that needs a scope the grant lacks (403
+    // insufficient_scope) asks a person to consent to it, once; afterwards
+    // it works on both workers.
+    let admin_echo = injected("tracker", "admin_echo");
+    let (status, body) = worker_a.call(&admin_echo, json!({"text": "hi"})).await;
+    assert_eq!(body["error"]["code"], "mcp_unavailable", "{status}: {body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("needs re-consent") && message.contains("mcp:admin"),
+        "{body}"
+    );
+    let connection = view(&registry_b, CONNECTION).await;
+    assert_eq!(connection["status"], "needs_reconsent", "{connection}");
+    assert_eq!(
+        connection["scopes"],
+        json!(["mcp:tools", "mcp:admin"]),
+        "{connection}"
+    );
+    let (_, body) = connect(&registry_a, CONNECTION).await;
+    let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
+    let response = client().get(&callback).send().await.expect("callback");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{response:?}");
+    for worker in [&worker_a, &worker_b] {
+        assert_eq!(
+            worker.call_text(&admin_echo, json!({"text": "hi"})).await,
+            "hi"
+        );
+    }
+
     // No token anywhere: logs of every process, REST reads, history.
     let tokens = server.issued_tokens().await;
     assert!(tokens.len() >= 6, "{tokens:?}");
@@ -546,5 +576,17 @@ async fn client_credentials_connect_without_a_person() {
     server.admin("expire-access-tokens", json!({})).await;
     assert_eq!(whoami(&worker, "m2m").await, "machine");
     assert_eq!(server.stats().await["client_credentials_grants"], 2);
+    // Step-up without a person: the wider scope is asked for at once.
+    assert_eq!(
+        worker
+            .call_text(&injected("m2m", "admin_echo"), json!({"text": "hi"}))
+            .await,
+        "hi"
+    );
+    assert_eq!(server.stats().await["client_credentials_grants"], 3);
+    assert_eq!(
+        view(&registry, "m2m").await["scopes"],
+        json!(["mcp:tools", "mcp:admin"])
+    );
     assert!(!registry.log_tail().contains("s3cret"));
 }

@@ -338,7 +338,7 @@ impl Connection {
                     // the reconnect asks for a fresh token.
                     if let (Some(auth_ref), Some(grant)) = (&http.auth_ref, &grant) {
                         let bearer = credential_source(settings, auth_ref)?
-                            .bearer(auth_ref, None)
+                            .bearer(auth_ref, crate::credentials::Renewal::Current)
                             .await
                             .map_err(McpError::Unavailable)?;
                         grant.bind(&bearer).map_err(McpError::Unavailable)?;
@@ -457,6 +457,14 @@ impl Connection {
             (Some(grant), Some(source)) => grant.is_current(source).await,
             _ => true,
         }
+    }
+
+    /// Whether the connection closed because its OAuth connection got a
+    /// new grant ([`GrantBinding::stale`]).
+    pub fn grant_changed(&self) -> bool {
+        self.grant
+            .as_ref()
+            .is_some_and(|grant| grant.stale().is_some())
     }
 
     /// The server's log tail and event rate limit.

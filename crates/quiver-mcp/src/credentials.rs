@@ -43,14 +43,27 @@ impl std::fmt::Debug for Bearer {
     }
 }
 
+/// Why a token is asked for again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Renewal<'a> {
+    /// The current token, whatever it is.
+    #[default]
+    Current,
+    /// The server refused the token with this [`token_fingerprint`] (401):
+    /// not that one again.
+    Rejected(&'a str),
+    /// The server needs these scopes (403 `insufficient_scope`): a token
+    /// that has them, or an error saying a person must consent.
+    StepUp(&'a str),
+}
+
 /// Where a connection gets its bearer tokens.
 #[async_trait]
 pub trait CredentialSource: Send + Sync {
-    /// The current token of connection `auth_ref`. `rejected` is the
-    /// [`token_fingerprint`] of a token the server refused: the source must
-    /// not hand that one out again. Errors say why no token can be had
-    /// (not connected, needs re-consent, registry unreachable).
-    async fn bearer(&self, auth_ref: &str, rejected: Option<&str>) -> Result<Bearer, String>;
+    /// The current token of connection `auth_ref`, renewed as `renewal`
+    /// says. Errors say why no token can be had (not connected, needs
+    /// re-consent, registry unreachable).
+    async fn bearer(&self, auth_ref: &str, renewal: Renewal<'_>) -> Result<Bearer, String>;
 }
 
 /// Lowercase hex SHA-256 of a token: how a refused token is named without
@@ -111,7 +124,7 @@ impl GrantBinding {
     /// call is sent on it. (A source that cannot answer leaves that to the
     /// call itself.)
     pub async fn is_current(&self, source: &dyn CredentialSource) -> bool {
-        match source.bearer(&self.auth_ref, None).await {
+        match source.bearer(&self.auth_ref, Renewal::Current).await {
             Ok(bearer) => self.bind(&bearer).is_ok(),
             Err(_) => true,
         }
@@ -151,36 +164,48 @@ fn refusal<E: std::error::Error + Send + Sync + 'static>(
 }
 
 impl<C: StreamableHttpClient + Send + Sync> BrokeredClient<C> {
-    async fn bearer(
-        &self,
-        rejected: Option<&str>,
-    ) -> Result<Bearer, StreamableHttpError<C::Error>> {
+    async fn bearer(&self, renewal: Renewal<'_>) -> Result<Bearer, StreamableHttpError<C::Error>> {
         let bearer = self
             .source
-            .bearer(&self.auth_ref, rejected)
+            .bearer(&self.auth_ref, renewal)
             .await
             .map_err(refusal)?;
         self.binding.bind(&bearer).map_err(refusal)?;
         Ok(bearer)
     }
 
-    /// Runs `call` with the current token; on 401 once more with a fresh one.
+    /// Runs `call` with the current token; once more with a renewed one when
+    /// the server refuses it (401) or needs more scopes (403
+    /// `insufficient_scope`).
     async fn with_token<T, F, Fut>(&self, call: F) -> Result<T, StreamableHttpError<C::Error>>
     where
         F: Fn(Option<String>) -> Fut,
         Fut: Future<Output = Result<T, StreamableHttpError<C::Error>>>,
     {
-        let sent = self.bearer(None).await?;
-        match call(Some(sent.token.clone())).await {
+        let sent = self.bearer(Renewal::Current).await?;
+        let fresh = match call(Some(sent.token.clone())).await {
             Err(StreamableHttpError::AuthRequired(challenge)) => {
-                let fresh = self.bearer(Some(&token_fingerprint(&sent.token))).await?;
+                let fresh = self
+                    .bearer(Renewal::Rejected(&token_fingerprint(&sent.token)))
+                    .await?;
                 if fresh.token == sent.token {
                     return Err(StreamableHttpError::AuthRequired(challenge));
                 }
-                call(Some(fresh.token)).await
+                fresh
             }
-            result => result,
-        }
+            Err(StreamableHttpError::InsufficientScope(challenge)) => {
+                let Some(scope) = challenge.required_scope.clone() else {
+                    return Err(StreamableHttpError::InsufficientScope(challenge));
+                };
+                let fresh = self.bearer(Renewal::StepUp(&scope)).await?;
+                if fresh.token == sent.token {
+                    return Err(StreamableHttpError::InsufficientScope(challenge));
+                }
+                fresh
+            }
+            result => return result,
+        };
+        call(Some(fresh.token)).await
     }
 }
 

@@ -852,51 +852,63 @@ impl McpPool {
         let timeout = Duration::from_millis(budgets.tool_timeout_ms);
         let server_id = entry.server_id();
         let result = async {
-            // Waiting for room counts against the same budget as the call.
-            let permits = tokio::time::timeout(
-                timeout,
-                acquire_both(&self.inner.inflight, &entry.calls.load_full(), &server_id),
-            )
-            .await
-            .map_err(|_| {
-                McpError::Unavailable(format!(
-                    "no call slot within {} ms (max_concurrency = {})",
-                    budgets.tool_timeout_ms, budgets.max_concurrency
-                ))
-            })??;
-            let connection = self.connection(&entry).await?;
-            entry.touch();
-            let relayed = entry.relay.register(options.attachment, started + timeout);
-            let mut params = CallToolRequestParams::new(tool.to_owned());
-            params.arguments = arguments;
-            params.meta = forwarded_meta(options.meta);
-            let remaining = timeout.saturating_sub(started.elapsed());
-            let grace = self.inner.options.cancel_grace;
-            let answer = tokio::time::timeout(remaining, async {
-                match InFlightCall::send(connection.clone(), params, permits, grace).await {
-                    Ok(call) => {
-                        relayed.bind_progress(call.progress_token.clone());
-                        call.answer(remaining).await
+            // A second attempt only for a call that never reached the
+            // server: its connection's OAuth grant changed (see below).
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                // Waiting for room counts against the same budget as the call.
+                let permits = tokio::time::timeout(
+                    timeout,
+                    acquire_both(&self.inner.inflight, &entry.calls.load_full(), &server_id),
+                )
+                .await
+                .map_err(|_| {
+                    McpError::Unavailable(format!(
+                        "no call slot within {} ms (max_concurrency = {})",
+                        budgets.tool_timeout_ms, budgets.max_concurrency
+                    ))
+                })??;
+                let connection = self.connection(&entry).await?;
+                entry.touch();
+                let relayed = entry
+                    .relay
+                    .register(options.attachment.clone(), started + timeout);
+                let mut params = CallToolRequestParams::new(tool.to_owned());
+                params.arguments = arguments.clone();
+                params.meta = forwarded_meta(options.meta.clone());
+                let remaining = timeout.saturating_sub(started.elapsed());
+                let grace = self.inner.options.cancel_grace;
+                let answer = tokio::time::timeout(remaining, async {
+                    match InFlightCall::send(connection.clone(), params, permits, grace).await {
+                        Ok(call) => {
+                            relayed.bind_progress(call.progress_token.clone());
+                            call.answer(remaining).await
+                        }
+                        Err(err) => Some(Err(err)),
                     }
-                    Err(err) => Some(Err(err)),
+                })
+                .await
+                .ok()
+                .flatten();
+                drop(relayed);
+                let Some(answer) = answer else {
+                    break Err(McpError::Timeout(budgets.tool_timeout_ms));
+                };
+                let answer = answer.map_err(|err| {
+                    crate::output::cap_service_error(err, budgets.max_tool_output_bytes as usize)
+                });
+                let outcome = self
+                    .answered(&entry, &connection, answer, budgets.tool_timeout_ms)
+                    .await;
+                // The OAuth connection got a new grant (a person consented
+                // again) while this call was on its way: the connection
+                // refused to send it with the new grant's token (the server
+                // never ran it) and is closed; a new one carries the call.
+                if outcome.is_err() && attempts == 1 && connection.grant_changed() {
+                    continue;
                 }
-            })
-            .await
-            .ok()
-            .flatten();
-            drop(relayed);
-            match answer {
-                None => Err(McpError::Timeout(budgets.tool_timeout_ms)),
-                Some(answer) => {
-                    let answer = answer.map_err(|err| {
-                        crate::output::cap_service_error(
-                            err,
-                            budgets.max_tool_output_bytes as usize,
-                        )
-                    });
-                    self.answered(&entry, &connection, answer, budgets.tool_timeout_ms)
-                        .await
-                }
+                break outcome;
             }
         }
         .await;

@@ -7,6 +7,7 @@
 use std::pin::Pin;
 
 use futures::Stream;
+use quiver_mcp::credentials::Renewal;
 use quiver_model::approval::ApprovalBinding;
 use quiver_model::{McpServerSpec, Source};
 use quiver_proto::approval::use_outcome_to;
@@ -480,12 +481,26 @@ impl McpOAuthService for GrpcOAuthService {
                 "must name an OAuth connection: letters, digits, '_', '.' or '-'",
             )
         })?;
-        let rejected = Some(body.rejected_token_sha256.as_str()).filter(|s| !s.is_empty());
+        let renewal = match (
+            body.rejected_token_sha256.as_str(),
+            body.insufficient_scope.as_str(),
+        ) {
+            ("", "") => Renewal::Current,
+            (rejected, "") => Renewal::Rejected(rejected),
+            ("", scope) => Renewal::StepUp(scope),
+            _ => {
+                return Err(RegistryError::invalid(
+                    "insufficient_scope",
+                    "give rejected_token_sha256 or insufficient_scope, not both",
+                )
+                .into());
+            }
+        };
         let token = self
             .inner
             .state
             .oauth
-            .access_token(&body.auth_ref, rejected)
+            .access_token(&body.auth_ref, renewal)
             .await?;
         Ok(Response::new(pb::GetAccessTokenResponse {
             access_token: token.access_token,

@@ -47,15 +47,18 @@ pub struct RegistryTokens {
 
 impl RegistryTokens {
     /// A current token of connection `auth_ref`; never the one whose
-    /// SHA-256 is `rejected`.
+    /// SHA-256 is `rejected`; with `insufficient_scope`, one for those scopes
+    /// (or an error saying a person must consent to them).
     pub async fn access_token(
         &self,
         auth_ref: &str,
         rejected: Option<&str>,
+        insufficient_scope: Option<&str>,
     ) -> Result<IssuedToken, SyncError> {
         let request = pb::GetAccessTokenRequest {
             auth_ref: auth_ref.to_owned(),
             rejected_token_sha256: rejected.unwrap_or_default().to_owned(),
+            insufficient_scope: insufficient_scope.unwrap_or_default().to_owned(),
         };
         let response = self
             .connector

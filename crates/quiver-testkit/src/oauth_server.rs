@@ -8,7 +8,8 @@
 //! checked) and grants `authorization_code`, `refresh_token` (rotating) and
 //! `client_credentials`. The protected resource is MCP over streamable HTTP at
 //! `B/mcp`, with RFC 9728 metadata; every request to it needs a live bearer
-//! token. `/admin/*` lets a test read counters and the tokens issued, expire or revoke tokens and
+//! token, and a call of `admin_echo` one with scope `mcp:admin` (else 403
+//! `insufficient_scope`, for step-up). `/admin/*` lets a test read counters and the tokens issued, expire or revoke tokens and
 //! change the access-token lifetime, and a [`Fault`] makes one step misbehave
 //! so callers' error handling can be tested.
 //!
@@ -45,6 +46,14 @@ use url::Url;
 
 /// The one scope the server knows and grants by default.
 pub const SCOPE: &str = "mcp:tools";
+
+/// The scope the `admin_echo` tool needs beyond [`SCOPE`]: a token without
+/// it gets 403 `insufficient_scope` (step-up). The protected resource's
+/// metadata does not list it, so clients only ask for it when challenged.
+pub const ADMIN_SCOPE: &str = "mcp:admin";
+
+/// The tool that needs [`ADMIN_SCOPE`].
+pub const ADMIN_TOOL: &str = "admin_echo";
 /// Most clients, pending codes, access tokens and refresh tokens held (each);
 /// beyond it registrations and grants are refused with 503.
 pub const MAX_ENTRIES: usize = 10_000;
@@ -221,6 +230,7 @@ struct PendingCode {
 
 struct AccessToken {
     client_id: String,
+    scope: String,
     expires: Instant,
 }
 
@@ -441,6 +451,7 @@ impl Store {
             access_token.clone(),
             AccessToken {
                 client_id: client_id.to_owned(),
+                scope: scope.to_owned(),
                 expires: now + self.access_ttl,
             },
         );
@@ -630,7 +641,7 @@ async fn authorization_server_metadata(State(shared): State<Arc<Shared>>) -> Res
         "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
         "code_challenge_methods_supported": ["S256"],
         "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
-        "scopes_supported": [SCOPE],
+        "scopes_supported": [SCOPE, ADMIN_SCOPE],
         "client_id_metadata_document_supported": false,
     });
     if shared.fault == Some(Fault::NoPkce)
@@ -1106,7 +1117,7 @@ async fn require_bearer(
             .and_then(Option::as_deref)
             .and_then(|token| store.access.get(token))
             .filter(|token| token.expires > now)
-            .map(|token| token.client_id.clone());
+            .map(|token| (token.client_id.clone(), token.scope.clone()));
         if caller.is_some() {
             store.stats.authorized_mcp_requests += 1;
         } else {
@@ -1114,7 +1125,7 @@ async fn require_bearer(
         }
         caller
     };
-    let Some(client_id) = caller else {
+    let Some((client_id, scope)) = caller else {
         let given = presented.is_some();
         let challenge = shared.challenge(given);
         let description = if given {
@@ -1122,23 +1133,63 @@ async fn require_bearer(
         } else {
             "an access token is required"
         };
-        let mut response = (
+        return challenged(
             StatusCode::UNAUTHORIZED,
-            axum::Json(json!({
-                "error": if given { "invalid_token" } else { "unauthorized" },
-                "error_description": description,
-            })),
-        )
-            .into_response();
-        if let Ok(value) = HeaderValue::from_str(&challenge) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, value);
-        }
-        return response;
+            if given {
+                "invalid_token"
+            } else {
+                "unauthorized"
+            },
+            description.to_owned(),
+            &challenge,
+        );
     };
+    let has_admin_scope = scope.split(' ').any(|granted| granted == ADMIN_SCOPE);
+    if !has_admin_scope {
+        // Step-up: `admin_echo` needs more than the token grants. The body
+        // is read (bounded) to see which tool is called, then passed on.
+        let (parts, body) = request.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+            return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+        };
+        if calls_admin_tool(&bytes) {
+            let challenge = format!(
+                "Bearer error=\"insufficient_scope\", scope=\"{SCOPE} {ADMIN_SCOPE}\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+                shared.issuer
+            );
+            return challenged(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                format!("{ADMIN_TOOL} needs scope {ADMIN_SCOPE}"),
+                &challenge,
+            );
+        }
+        request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    }
     request.extensions_mut().insert(OAuthCaller(client_id));
     next.run(request).await
+}
+
+/// A refusal of `/mcp` with its `WWW-Authenticate` challenge.
+fn challenged(status: StatusCode, error: &str, description: String, challenge: &str) -> Response {
+    let mut response = (
+        status,
+        axum::Json(json!({"error": error, "error_description": description})),
+    )
+        .into_response();
+    if let Ok(value) = HeaderValue::from_str(challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+/// Whether a JSON-RPC body calls [`ADMIN_TOOL`].
+fn calls_admin_tool(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|message| {
+        message["method"] == "tools/call" && message["params"]["name"] == ADMIN_TOOL
+    })
 }
 
 async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
@@ -1233,6 +1284,11 @@ impl OAuthMcpServer {
 
     #[tool(description = "Returns `text` unchanged.")]
     async fn echo(&self, Parameters(EchoParams { text }): Parameters<EchoParams>) -> String {
+        text
+    }
+
+    #[tool(description = "Returns `text` unchanged; needs scope mcp:admin.")]
+    async fn admin_echo(&self, Parameters(EchoParams { text }): Parameters<EchoParams>) -> String {
         text
     }
 }

@@ -257,7 +257,7 @@ async fn serves_metadata_documents() {
                 "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
                 "code_challenge_methods_supported": ["S256"],
                 "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
-                "scopes_supported": ["mcp:tools"],
+                "scopes_supported": ["mcp:tools", "mcp:admin"],
                 "client_id_metadata_document_supported": false,
             }),
             "{path}"
@@ -594,7 +594,7 @@ async fn quiver_oauth_client_authorizes_and_refreshes() {
         .map(|tool| tool.name.to_string())
         .collect();
     names.sort();
-    assert_eq!(names, ["echo", "whoami"]);
+    assert_eq!(names, ["admin_echo", "echo", "whoami"]);
 
     let call = |name: &str, args: Value| {
         let Value::Object(args) = args else {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use quiver_mcp::credentials::{Bearer, CredentialSource, token_fingerprint};
+use quiver_mcp::credentials::{Bearer, CredentialSource, Renewal, token_fingerprint};
 use quiver_sync::{IssuedToken, RegistryTokens};
 use serde::Serialize;
 
@@ -110,13 +110,18 @@ fn is_due(token: &IssuedToken) -> bool {
 
 #[async_trait]
 impl CredentialSource for TokenCache {
-    async fn bearer(&self, auth_ref: &str, rejected: Option<&str>) -> Result<Bearer, String> {
+    async fn bearer(&self, auth_ref: &str, renewal: Renewal<'_>) -> Result<Bearer, String> {
         let entry = self.entry(auth_ref);
         let mut entry = entry.lock().await;
+        let (rejected, insufficient_scope) = match renewal {
+            Renewal::Current => (None, None),
+            Renewal::Rejected(fingerprint) => (Some(fingerprint), None),
+            Renewal::StepUp(scope) => (None, Some(scope)),
+        };
         if let Some(token) = &entry.token {
             let refused =
                 rejected.is_some_and(|hash| hash == token_fingerprint(&token.access_token));
-            if !refused && !is_due(token) {
+            if !refused && insufficient_scope.is_none() && !is_due(token) {
                 return Ok(Bearer {
                     token: token.access_token.clone(),
                     grant_id: token.grant_id.clone(),
@@ -124,7 +129,11 @@ impl CredentialSource for TokenCache {
             }
         }
         metrics::counter!("quiver_oauth_token_requests_total").increment(1);
-        match self.registry.access_token(auth_ref, rejected).await {
+        match self
+            .registry
+            .access_token(auth_ref, rejected, insufficient_scope)
+            .await
+        {
             Ok(token) => {
                 let bearer = Bearer {
                     token: token.access_token.clone(),

@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use oauth2::TokenResponse as _;
-use quiver_mcp::credentials::{Bearer, CredentialSource, token_fingerprint};
+use quiver_mcp::credentials::{Bearer, CredentialSource, Renewal, token_fingerprint};
 use quiver_store::{
     OAuthAuthorizationRow, OAuthConnectionRow, OAuthStatus, OAuthTokens, SecretUpdate, Store,
     StoreError,
@@ -689,15 +689,21 @@ impl OAuthBroker {
     }
 
     /// A current access token of connection `name` for a worker. With
-    /// `rejected` (the fingerprint of a token the server refused) a token
-    /// with that fingerprint is not handed out again: it is refreshed, once
-    /// across all replicas.
+    /// [`Renewal::Rejected`] (the fingerprint of a token the server refused)
+    /// a token with that fingerprint is not handed out again: it is
+    /// refreshed, once across all replicas. [`Renewal::StepUp`]: see
+    /// [`OAuthBroker::step_up`].
     pub async fn access_token(
         &self,
         name: &str,
-        rejected: Option<&str>,
+        renewal: Renewal<'_>,
     ) -> Result<IssuedToken, RegistryError> {
         self.keyring()?;
+        let rejected = match renewal {
+            Renewal::Current => None,
+            Renewal::Rejected(fingerprint) => Some(fingerprint),
+            Renewal::StepUp(scope) => return self.step_up(name, scope).await,
+        };
         let row = self.row(name).await?;
         if let Some(token) = self.usable(&row, rejected)? {
             return Ok(token);
@@ -791,7 +797,7 @@ impl OAuthBroker {
             access_token,
             expires_at: expiry_of(&credentials),
             refresh_at,
-            grant_id: grant_id(row),
+            grant_id: grant_id(row)?,
         }))
     }
 
@@ -879,8 +885,76 @@ impl OAuthBroker {
             access_token,
             expires_at: expiry_of(&credentials),
             refresh_at: refresh_at(&credentials),
-            grant_id: grant_id(&row),
+            grant_id: grant_id(&row)?,
         })
+    }
+
+    /// Step-up: the server answered 403 `insufficient_scope` asking for
+    /// `scope`. The connection's scopes become what it was granted plus
+    /// what the server asks for, which drops its tokens (they were granted
+    /// for less). Client credentials get a token for the wider scopes at
+    /// once (through the refresh lease, so once across replicas); an
+    /// authorization-code connection needs a person to consent again. Scopes
+    /// asked for already change nothing: the caller gets the current token
+    /// and gives up if it is the one refused, so there is no loop.
+    async fn step_up(&self, name: &str, scope: &str) -> Result<IssuedToken, RegistryError> {
+        let row = self.row(name).await?;
+        let mut spec = Self::spec_of(&row)?;
+        let granted = self
+            .credentials_of(&row)?
+            .map(|credentials| credentials.granted_scopes)
+            .unwrap_or_default();
+        let mut scopes = spec.scopes.clone();
+        for wanted in granted
+            .iter()
+            .map(String::as_str)
+            .chain(scope.split_whitespace())
+        {
+            if !scopes.iter().any(|known| known == wanted) {
+                scopes.push(wanted.to_owned());
+            }
+        }
+        let missing: Vec<&str> = scope
+            .split_whitespace()
+            .filter(|wanted| {
+                !spec
+                    .scopes
+                    .iter()
+                    .chain(&granted)
+                    .any(|known| known == wanted)
+            })
+            .collect();
+        if missing.is_empty() {
+            // Asked for already (another worker's step-up, or the server
+            // asks for what it has): the current token, whose caller tries
+            // once more only if it differs from the refused one.
+            return Box::pin(self.access_token(name, Renewal::Current)).await;
+        }
+        spec.scopes = scopes;
+        spec.validate().map_err(|err| step("step-up", err))?;
+        let row = self
+            .store
+            .put_oauth_connection(name, spec.config_json(), SecretUpdate::Keep)
+            .await
+            .map_err(store_error)?;
+        audit("oauth_step_up", name, &self.holder, None);
+        let missing = missing.join(" ");
+        match spec.grant {
+            Grant::ClientCredentials => Box::pin(self.access_token(name, Renewal::Current)).await,
+            Grant::AuthorizationCode => {
+                self.reconsent(
+                    &row,
+                    &format!("the server needs scope {missing}: press Connect to consent to it"),
+                )
+                .await?;
+                Err(step(
+                    "step-up",
+                    format!(
+                        "connection {name:?} needs re-consent: the server needs scope {missing}; press Connect in the web admin"
+                    ),
+                ))
+            }
+        }
     }
 
     async fn reconsent(&self, row: &OAuthConnectionRow, error: &str) -> Result<(), RegistryError> {
@@ -893,13 +967,22 @@ impl OAuthBroker {
     }
 }
 
-/// One grant's id: the connection and the moment it was connected.
-fn grant_id(row: &OAuthConnectionRow) -> String {
-    let connected = row
-        .connected_at
-        .map(|at| at.timestamp_millis())
-        .unwrap_or_default();
-    token_fingerprint(&format!("{}\n{connected}", row.name))[..16].to_owned()
+/// Whose authority a connection's tokens carry. Authorization code: the
+/// person who consented, so each consent is a grant of its own (the
+/// connection and the moment it was connected). Client credentials: the
+/// client itself, whatever its token's scopes.
+fn grant_id(row: &OAuthConnectionRow) -> Result<String, RegistryError> {
+    let spec = OAuthBroker::spec_of(row)?;
+    let principal = match (spec.grant, &spec.client_id) {
+        (Grant::ClientCredentials, Some(client_id)) => format!("client\n{client_id}"),
+        _ => format!(
+            "consent\n{}",
+            row.connected_at
+                .map(|at| at.timestamp_millis())
+                .unwrap_or_default()
+        ),
+    };
+    Ok(token_fingerprint(&format!("{}\n{principal}", row.name))[..16].to_owned())
 }
 
 fn audit(action: &'static str, name: &str, actor: &str, expires_at: Option<DateTime<Utc>>) {
@@ -917,9 +1000,9 @@ fn audit(action: &'static str, name: &str, actor: &str, expires_at: Option<DateT
 /// straight from the broker.
 #[async_trait]
 impl CredentialSource for OAuthBroker {
-    async fn bearer(&self, auth_ref: &str, rejected: Option<&str>) -> Result<Bearer, String> {
+    async fn bearer(&self, auth_ref: &str, renewal: Renewal<'_>) -> Result<Bearer, String> {
         let token = self
-            .access_token(auth_ref, rejected)
+            .access_token(auth_ref, renewal)
             .await
             .map_err(|err| err.to_string())?;
         Ok(Bearer {
