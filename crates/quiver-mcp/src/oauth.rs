@@ -10,7 +10,10 @@
 //! a failed attempt is kept.
 
 use rmcp::transport::AuthClient;
-use rmcp::transport::auth::{AuthorizationCallback, AuthorizationRequest, OAuthState};
+use rmcp::transport::auth::{
+    AuthorizationCallback, AuthorizationManager, AuthorizationMetadata, AuthorizationRequest,
+    AuthorizationSession,
+};
 
 /// How a client is known to the authorization server.
 #[derive(Debug, Clone, Default)]
@@ -66,9 +69,20 @@ pub async fn authorize(
     http: reqwest::Client,
 ) -> Result<AuthClient<reqwest::Client>, OAuthError> {
     let discovery = |err: rmcp::transport::auth::AuthError| OAuthError::Discovery(err.to_string());
-    let mut state = OAuthState::new(server_url, Some(http.clone()))
+    let mut manager = AuthorizationManager::new(server_url)
         .await
         .map_err(discovery)?;
+    manager.with_client(http.clone()).map_err(discovery)?;
+    let resolution = manager
+        .resolve_metadata_from_challenge(challenge)
+        .await
+        .map_err(discovery)?;
+    // The 2025-03-26 fallback (no metadata at all: endpoints made up from
+    // the URL) predates the PKCE rule; published metadata must follow it.
+    if resolution.source.is_discovered() {
+        require_pkce(&resolution.metadata).map_err(OAuthError::Discovery)?;
+    }
+    manager.set_metadata(resolution.metadata);
     let mut request = AuthorizationRequest::new(client.redirect_uri.clone())
         .with_client_name("quiver")
         .with_scopes(client.scopes.iter().cloned());
@@ -87,19 +101,14 @@ pub async fn authorize(
     if let Some(challenge) = challenge {
         request = request.with_challenge(challenge);
     }
-    state
-        .start_authorization(request)
+    let session = AuthorizationSession::new(manager, request)
         .await
-        .map_err(discovery)?;
-    let url = state
-        .get_authorization_url()
-        .await
-        .map_err(|err| OAuthError::Authorization(err.to_string()))?;
+        .map_err(|(_, err)| discovery(err))?;
     let callback = match consent {
-        Consent::Automatic => follow_authorization(&http, &url).await?,
-        Consent::Interactive => ask_for_redirect(&url).await?,
+        Consent::Automatic => follow_authorization(&http, &session.auth_url).await?,
+        Consent::Interactive => ask_for_redirect(&session.auth_url).await?,
     };
-    state
+    session
         .handle_callback_with_issuer(
             &callback.code,
             &callback.csrf_token,
@@ -107,10 +116,26 @@ pub async fn authorize(
         )
         .await
         .map_err(|err| OAuthError::Exchange(err.to_string()))?;
-    let manager = state
-        .into_authorization_manager()
-        .ok_or_else(|| OAuthError::Exchange("no authorization after the exchange".into()))?;
-    Ok(AuthClient::new(http, manager))
+    Ok(AuthClient::new(http, session.auth_manager))
+}
+
+/// The MCP authorization rule on PKCE: an authorization server whose
+/// metadata does not list `S256` in `code_challenge_methods_supported` does
+/// not support PKCE, and a client must not proceed. (rmcp only refuses a
+/// list without S256, and proceeds when the field is absent.)
+pub fn require_pkce(metadata: &AuthorizationMetadata) -> Result<(), String> {
+    let s256 = metadata
+        .code_challenge_methods_supported
+        .as_ref()
+        .is_some_and(|methods| methods.iter().any(|method| method == "S256"));
+    if s256 {
+        Ok(())
+    } else {
+        Err(
+            "the authorization server does not advertise PKCE with S256 (code_challenge_methods_supported)"
+                .to_owned(),
+        )
+    }
 }
 
 /// Visits the authorization URL without following its redirect: the

@@ -627,13 +627,14 @@ async fn quiver_oauth_client_authorizes_and_refreshes() {
 
 #[tokio::test]
 async fn quiver_oauth_client_notices_faults() {
-    // `no-pkce` is left out: rmcp 3.11 goes on (sending S256 anyway) when the
-    // metadata omits `code_challenge_methods_supported`, where the MCP
-    // authorization spec says a client must refuse; `faulty_metadata` checks
-    // the server side of it.
+    // `no-pkce`: rmcp 3.11 alone would go on (sending S256 anyway) when the
+    // metadata omits `code_challenge_methods_supported`; the MCP
+    // authorization spec says a client must refuse, and quiver's does
+    // (`quiver_mcp::oauth::require_pkce`).
     for fault in [
         Fault::BadMetadata,
         Fault::WrongIssuer,
+        Fault::NoPkce,
         Fault::TokenError,
         Fault::StateMismatch,
     ] {
@@ -647,7 +648,7 @@ async fn quiver_oauth_client_notices_faults() {
             .err()
             .unwrap_or_else(|| panic!("{fault}: authorized anyway"));
         let expected_step = match fault {
-            Fault::BadMetadata | Fault::WrongIssuer => "discovery",
+            Fault::BadMetadata | Fault::WrongIssuer | Fault::NoPkce => "discovery",
             _ => "exchange",
         };
         assert!(err.to_string().contains(expected_step), "{fault}: {err}");

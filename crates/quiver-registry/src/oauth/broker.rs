@@ -411,19 +411,8 @@ impl OAuthBroker {
             ));
         }
         if need_pkce {
-            // MCP authorization: a server whose metadata does not list S256
-            // does not support PKCE, and clients must not proceed.
-            let s256 = resolution
-                .metadata
-                .code_challenge_methods_supported
-                .as_ref()
-                .is_some_and(|methods| methods.iter().any(|m| m == "S256"));
-            if !s256 {
-                return Err(step(
-                    "discovery",
-                    "the authorization server does not advertise PKCE with S256 (code_challenge_methods_supported)",
-                ));
-            }
+            quiver_mcp::oauth::require_pkce(&resolution.metadata)
+                .map_err(|err| step("discovery", err))?;
         }
         manager.set_metadata(resolution.metadata);
         Ok(manager)
