@@ -2,7 +2,7 @@
 -- connection, its settings, its tokens and its state here, in the registry's
 -- database, so every replica sees the same tokens and they survive restarts.
 -- The store never sees a secret in the clear: `client_secret`,
--- `registration`, `credentials` and `payload` are sealed (encrypted) by the
+-- `credentials` and `payload` are sealed (encrypted) by the
 -- caller and opaque TEXT here; `config` is the non-secret settings as JSON
 -- text (only read back, never queried).
 --
@@ -16,7 +16,6 @@ CREATE TABLE oauth_connections (
     name             TEXT PRIMARY KEY,
     config           TEXT NOT NULL,
     client_secret    TEXT,
-    registration     TEXT,
     credentials      TEXT,
     status           TEXT NOT NULL
         CHECK (status IN ('not_connected', 'connected', 'needs_reconsent')),

@@ -26,4 +26,4 @@ pub use record::{
     PrefixReplace, StdioConfig, TransformStep, Transport,
 };
 pub use stored::{Change, ChangeKind, HistoryEntry, Source, StoredServer, UnknownSource};
-pub use validate::{is_valid_server_id, validate};
+pub use validate::{is_valid_credential_name, is_valid_server_id, validate};

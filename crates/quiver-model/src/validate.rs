@@ -27,6 +27,15 @@ pub fn is_valid_server_id(id: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
+/// Whether `name` can name a credential (`http.auth_ref`, the registry's
+/// OAuth connections): letters, digits, `_`, `.` or `-`, not empty.
+pub fn is_valid_credential_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
 /// Checks every rule; returns all problems found, each naming its field.
 pub fn validate(spec: &McpServerSpec) -> Result<(), ModelError> {
     let mut v = Validator::default();
@@ -180,17 +189,13 @@ impl Validator {
                     }
                     self.template(&field, value);
                 }
-                if let Some(auth_ref) = &http.auth_ref {
-                    let valid = !auth_ref.is_empty()
-                        && auth_ref
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-                    if !valid {
-                        self.error(
-                            "http.auth_ref",
-                            "must be a credential name of letters, digits, '_', '.' or '-'",
-                        );
-                    }
+                if let Some(auth_ref) = &http.auth_ref
+                    && !is_valid_credential_name(auth_ref)
+                {
+                    self.error(
+                        "http.auth_ref",
+                        "must be a credential name of letters, digits, '_', '.' or '-'",
+                    );
                 }
             }
             (false, Some(_)) => {

@@ -290,8 +290,6 @@ pub struct OAuthConnectionRow {
     pub config: String,
     /// The client secret, sealed.
     pub client_secret: Option<String>,
-    /// A dynamic client registration as sealed JSON.
-    pub registration: Option<String>,
     /// The tokens as sealed JSON.
     pub credentials: Option<String>,
     /// Where the connection stands.
@@ -317,7 +315,6 @@ impl std::fmt::Debug for OAuthConnectionRow {
             .field("name", &self.name)
             .field("config", &self.config)
             .field("client_secret", &sealed(&self.client_secret))
-            .field("registration", &sealed(&self.registration))
             .field("credentials", &sealed(&self.credentials))
             .field("status", &self.status)
             .field("expires_at", &self.expires_at)
@@ -339,7 +336,7 @@ pub struct OAuthAuthorizationRow {
     pub name: String,
     /// The connection's generation when the flow started.
     pub generation: u64,
-    /// Sealed JSON: PKCE verifier, client registration…
+    /// Sealed JSON: PKCE verifier, client id…
     pub payload: String,
     /// When the flow started.
     pub created_at: DateTime<Utc>,
@@ -387,8 +384,6 @@ impl std::fmt::Debug for SecretUpdate {
 pub struct OAuthTokens {
     /// The tokens as sealed JSON.
     pub credentials: String,
-    /// A sealed client registration; `None` keeps the stored one.
-    pub registration: Option<String>,
     /// When the access token expires, when known.
     pub expires_at: Option<DateTime<Utc>>,
     /// `true`: a refresh (`refresh_count` + 1, `connected_at` unchanged);
@@ -400,7 +395,6 @@ impl std::fmt::Debug for OAuthTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OAuthTokens")
             .field("credentials", &Sealed(true))
-            .field("registration", &sealed(&self.registration))
             .field("expires_at", &self.expires_at)
             .field("refreshed", &self.refreshed)
             .finish()
@@ -478,7 +472,7 @@ pub trait Store: Send + Sync + 'static {
     /// Creates an OAuth connection (`not_connected`, generation 1) or
     /// updates its settings. When `config` differs from the stored one or
     /// the client secret changes, the connection starts afresh: tokens,
-    /// registration, expiry, error and connection time are cleared, the
+    /// expiry, error and connection time are cleared, the
     /// status becomes `not_connected`, the generation moves on and its
     /// pending authorizations are deleted. When nothing changes, nothing is
     /// written and the row is returned as stored. One transaction.

@@ -26,8 +26,8 @@ use crate::{
     SecretUpdate, StoreError,
 };
 
-const COLUMNS: &str = "name, config, client_secret, registration, credentials, status, \
-     expires_at_ms, generation, refresh_count, last_error, connected_at_ms, updated_at_ms";
+const COLUMNS: &str = "name, config, client_secret, credentials, status, expires_at_ms, \
+     generation, refresh_count, last_error, connected_at_ms, updated_at_ms";
 
 const AUTHORIZATION_COLUMNS: &str =
     "state, name, generation, payload, created_at_ms, expires_at_ms";
@@ -36,10 +36,10 @@ const AUTHORIZATION_COLUMNS: &str =
 /// when the connection exists.
 fn insert_connection_sql() -> String {
     format!(
-        "INSERT INTO oauth_connections (name, config, client_secret, registration, credentials, \
+        "INSERT INTO oauth_connections (name, config, client_secret, credentials, \
          status, expires_at_ms, generation, refresh_count, last_error, connected_at_ms, \
          updated_at_ms, lease_holder, lease_until_ms) \
-         VALUES ($1, $2, $3, NULL, NULL, 'not_connected', NULL, 1, 0, NULL, NULL, $4, NULL, NULL) \
+         VALUES ($1, $2, $3, NULL, 'not_connected', NULL, 1, 0, NULL, NULL, $4, NULL, NULL) \
          ON CONFLICT (name) DO NOTHING RETURNING {COLUMNS}"
     )
 }
@@ -57,7 +57,7 @@ fn reset_connection_sql(secret: &SecretUpdate) -> String {
         SecretUpdate::Clear => (", client_secret = NULL", " OR client_secret IS NOT NULL"),
     };
     format!(
-        "UPDATE oauth_connections SET config = $2{assign}, registration = NULL, \
+        "UPDATE oauth_connections SET config = $2{assign}, \
          credentials = NULL, status = 'not_connected', expires_at_ms = NULL, last_error = NULL, \
          connected_at_ms = NULL, generation = generation + 1, updated_at_ms = $3 \
          WHERE name = $1 AND (config <> $2{changed}) RETURNING {COLUMNS}"
@@ -75,21 +75,15 @@ fn list_connections_sql() -> String {
 const DELETE_CONNECTION: &str = "DELETE FROM oauth_connections WHERE name = $1";
 const DELETE_CONNECTION_AUTHORIZATIONS: &str = "DELETE FROM oauth_authorizations WHERE name = $1";
 
-/// $1 name, $2 expected generation, $3 credentials, $4 expiry, $5 now, and
-/// with `registration` $6 the registration (without: the stored one stays).
-fn store_tokens_sql(registration: bool, refreshed: bool) -> String {
-    let registration = if registration {
-        "registration = $6, "
-    } else {
-        ""
-    };
+/// $1 name, $2 expected generation, $3 credentials, $4 expiry, $5 now.
+fn store_tokens_sql(refreshed: bool) -> String {
     let (refreshes, connected_at) = if refreshed {
         ("refresh_count + 1", "")
     } else {
         ("refresh_count", "connected_at_ms = $5, ")
     };
     format!(
-        "UPDATE oauth_connections SET credentials = $3, {registration}status = 'connected', \
+        "UPDATE oauth_connections SET credentials = $3, status = 'connected', \
          expires_at_ms = $4, last_error = NULL, generation = generation + 1, \
          refresh_count = {refreshes}, {connected_at}updated_at_ms = $5 \
          WHERE name = $1 AND generation = $2 RETURNING {COLUMNS}"
@@ -153,7 +147,7 @@ fn generation_param(generation: u64) -> Option<i64> {
 }
 
 fn connection_from_row(row: &AnyRow) -> Result<OAuthConnectionRow, StoreError> {
-    let status: String = row.try_get(5)?;
+    let status: String = row.try_get(4)?;
     let optional_time = |index: usize| -> Result<Option<DateTime<Utc>>, StoreError> {
         row.try_get::<Option<i64>, _>(index)?
             .map(from_millis)
@@ -163,15 +157,14 @@ fn connection_from_row(row: &AnyRow) -> Result<OAuthConnectionRow, StoreError> {
         name: row.try_get(0)?,
         config: row.try_get(1)?,
         client_secret: row.try_get(2)?,
-        registration: row.try_get(3)?,
-        credentials: row.try_get(4)?,
+        credentials: row.try_get(3)?,
         status: status.parse().map_err(StoreError::Corrupt)?,
-        expires_at: optional_time(6)?,
-        generation: counter(row.try_get(7)?, "generation")?,
-        refresh_count: counter(row.try_get(8)?, "refresh count")?,
-        last_error: row.try_get(9)?,
-        connected_at: optional_time(10)?,
-        updated_at: from_millis(row.try_get(11)?)?,
+        expires_at: optional_time(5)?,
+        generation: counter(row.try_get(6)?, "generation")?,
+        refresh_count: counter(row.try_get(7)?, "refresh count")?,
+        last_error: row.try_get(8)?,
+        connected_at: optional_time(9)?,
+        updated_at: from_millis(row.try_get(10)?)?,
     })
 }
 
@@ -289,17 +282,13 @@ impl SqlStore {
         let Some(generation) = generation_param(expected_generation) else {
             return Ok(None);
         };
-        let sql = store_tokens_sql(tokens.registration.is_some(), tokens.refreshed);
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let sql = store_tokens_sql(tokens.refreshed);
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(name.to_owned())
             .bind(generation)
             .bind(tokens.credentials)
             .bind(tokens.expires_at.map(millis))
-            .bind(millis(Utc::now()));
-        if let Some(registration) = tokens.registration {
-            query = query.bind(registration);
-        }
-        query
+            .bind(millis(Utc::now()))
             .fetch_optional(self.pool())
             .await?
             .map(|row| connection_from_row(&row))

@@ -35,7 +35,6 @@ fn ms(at: DateTime<Utc>) -> DateTime<Utc> {
 fn tokens(credentials: &str, refreshed: bool) -> OAuthTokens {
     OAuthTokens {
         credentials: credentials.into(),
-        registration: None,
         expires_at: Some(Utc::now() + chrono::Duration::hours(1)),
         refreshed,
     }
@@ -69,7 +68,6 @@ async fn crud(store: Arc<SqlStore>) {
     assert_eq!(created.refresh_count, 0);
     assert_eq!(created.client_secret, None);
     assert_eq!(created.credentials, None);
-    assert_eq!(created.registration, None);
     assert_eq!(created.expires_at, None);
     assert_eq!(created.connected_at, None);
     assert_eq!(created.last_error, None);
@@ -129,14 +127,7 @@ async fn config_change_starts_afresh(store: Arc<SqlStore>) {
         .await
         .unwrap();
     let connected = store
-        .store_oauth_tokens(
-            "gh",
-            1,
-            OAuthTokens {
-                registration: Some("reg".into()),
-                ..tokens("tok", false)
-            },
-        )
+        .store_oauth_tokens("gh", 1, tokens("tok", false))
         .await
         .unwrap()
         .unwrap();
@@ -173,7 +164,6 @@ async fn config_change_starts_afresh(store: Arc<SqlStore>) {
     assert_eq!(changed.generation, 3);
     assert_eq!(changed.client_secret.as_deref(), Some("s"));
     assert_eq!(changed.credentials, None);
-    assert_eq!(changed.registration, None);
     assert_eq!(changed.expires_at, None);
     assert_eq!(changed.connected_at, None);
     assert_eq!(changed.last_error, None);
@@ -314,7 +304,6 @@ async fn token_writes(store: Arc<SqlStore>) {
             1,
             OAuthTokens {
                 credentials: "tok-1".into(),
-                registration: Some("reg-1".into()),
                 expires_at: Some(expires),
                 refreshed: false,
             },
@@ -324,7 +313,6 @@ async fn token_writes(store: Arc<SqlStore>) {
         .unwrap();
     assert_eq!(granted.status, OAuthStatus::Connected);
     assert_eq!(granted.credentials.as_deref(), Some("tok-1"));
-    assert_eq!(granted.registration.as_deref(), Some("reg-1"));
     assert_eq!(granted.expires_at, Some(ms(expires)));
     assert_eq!(granted.generation, 2);
     assert_eq!(granted.refresh_count, 0);
@@ -354,8 +342,6 @@ async fn token_writes(store: Arc<SqlStore>) {
         .unwrap()
         .unwrap();
     assert_eq!(refreshed.credentials.as_deref(), Some("tok-2"));
-    // No registration given: the stored one stays.
-    assert_eq!(refreshed.registration.as_deref(), Some("reg-1"));
     assert_eq!(refreshed.expires_at, None);
     assert_eq!(refreshed.refresh_count, 1);
     assert_eq!(refreshed.generation, 3);
@@ -398,7 +384,6 @@ async fn token_writes(store: Arc<SqlStore>) {
     assert_eq!(revoked.expires_at, None);
     assert_eq!(revoked.last_error.as_deref(), Some("invalid_grant"));
     assert_eq!(revoked.generation, 5);
-    assert_eq!(revoked.registration.as_deref(), Some("reg-1"));
     assert_eq!(
         store.get_oauth_connection("c").await.unwrap(),
         Some(revoked)

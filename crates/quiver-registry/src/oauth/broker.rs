@@ -162,7 +162,7 @@ fn binding(name: &str, column: &str) -> String {
     format!("{name}/{column}")
 }
 
-fn millis_epoch_secs(at: DateTime<Utc>) -> u64 {
+fn epoch_secs(at: DateTime<Utc>) -> u64 {
     u64::try_from(at.timestamp()).unwrap_or(0)
 }
 
@@ -194,8 +194,17 @@ fn access_token_of(credentials: &StoredCredentials) -> Option<String> {
     )
 }
 
-/// A state store holding the one pending flow taken from the database.
-struct OneState(tokio::sync::Mutex<Option<(String, StoredAuthorizationState)>>);
+/// A state store holding one pending flow: the one taken from the
+/// database (callback), or the one the flow saves (connect), which the
+/// broker reads back through a clone.
+#[derive(Clone, Default)]
+struct OneState(Arc<tokio::sync::Mutex<Option<(String, StoredAuthorizationState)>>>);
+
+impl OneState {
+    fn holding(csrf: String, state: StoredAuthorizationState) -> Self {
+        OneState(Arc::new(tokio::sync::Mutex::new(Some((csrf, state)))))
+    }
+}
 
 #[async_trait]
 impl StateStore for OneState {
@@ -217,29 +226,6 @@ impl StateStore for OneState {
     async fn delete(&self, _csrf: &str) -> Result<(), AuthError> {
         *self.0.lock().await = None;
         Ok(())
-    }
-}
-
-/// A state store that lets the caller read what the flow saved.
-#[derive(Clone, Default)]
-struct SharedState(Arc<OneState>);
-
-#[async_trait]
-impl StateStore for SharedState {
-    async fn save(&self, csrf: &str, state: StoredAuthorizationState) -> Result<(), AuthError> {
-        self.0.save(csrf, state).await
-    }
-    async fn load(&self, csrf: &str) -> Result<Option<StoredAuthorizationState>, AuthError> {
-        self.0.load(csrf).await
-    }
-    async fn delete(&self, csrf: &str) -> Result<(), AuthError> {
-        self.0.delete(csrf).await
-    }
-}
-
-impl Default for OneState {
-    fn default() -> Self {
-        OneState(tokio::sync::Mutex::new(None))
     }
 }
 
@@ -456,7 +442,7 @@ impl OAuthBroker {
         secret: Option<String>,
     ) -> Result<ConnectOutcome, RegistryError> {
         let mut manager = self.discovered(spec, true).await?;
-        let captured = SharedState::default();
+        let captured = OneState::default();
         manager.set_state_store(captured.clone());
         let mut request = AuthorizationRequest::new(self.callback_url.clone())
             .with_client_name("Quiver registry")
@@ -483,7 +469,7 @@ impl OAuthBroker {
             .get_credentials()
             .await
             .map_err(|err| step("registration", err))?;
-        let Some((csrf, state)) = captured.0.0.lock().await.take() else {
+        let Some((csrf, state)) = captured.0.lock().await.take() else {
             return Err(RegistryError::Internal(
                 "the authorization request stored no state".into(),
             ));
@@ -588,10 +574,7 @@ impl OAuthBroker {
         manager
             .configure_client(client)
             .map_err(|err| step("token exchange", err))?;
-        manager.set_state_store(OneState(tokio::sync::Mutex::new(Some((
-            pending.state.clone(),
-            flow.state,
-        )))));
+        manager.set_state_store(OneState::holding(pending.state.clone(), flow.state));
         let tokens = InMemoryCredentialStore::new();
         manager.set_credential_store(tokens.clone());
         bounded(
@@ -623,7 +606,6 @@ impl OAuthBroker {
             .map_err(|err| RegistryError::Internal(err.to_string()))?;
         let tokens = OAuthTokens {
             credentials: self.seal(&row.name, "credentials", &json)?,
-            registration: None,
             expires_at: expiry_of(credentials),
             refreshed,
         };
@@ -671,7 +653,7 @@ impl OAuthBroker {
             client_id,
             Some(response),
             spec.scopes.clone(),
-            Some(millis_epoch_secs(Utc::now())),
+            Some(epoch_secs(Utc::now())),
         );
         let row = self.save(row, &credentials, refreshed).await?;
         Ok((row, credentials))

@@ -56,11 +56,8 @@ pub struct OAuthConnectionSpec {
 
 /// Checks a connection name (the records' `http.auth_ref`).
 pub fn check_name(name: &str) -> Result<(), RegistryError> {
-    let valid = !name.is_empty()
-        && name.chars().count() <= MAX_NAME_CHARS
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    let valid =
+        quiver_model::is_valid_credential_name(name) && name.chars().count() <= MAX_NAME_CHARS;
     if valid {
         Ok(())
     } else {
