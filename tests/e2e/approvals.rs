@@ -378,3 +378,111 @@ async fn chat_stops_for_an_approval_and_resumes_with_it() {
         .expect("the tool's answer went to the model");
     assert_eq!(tool_message["content"], "5", "{tool_message}");
 }
+
+/// A second caller token of the worker in
+/// [`pending_approvals_are_capped_per_caller_through_the_worker`].
+const OTHER_CALLER: &str = "e2e-approvals-other-caller";
+
+async fn call_as(
+    worker: &WorkerProcess,
+    token: &str,
+    name: &str,
+    arguments: Value,
+) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/mcp/tools/call", worker.url()))
+        .bearer_auth(token)
+        .json(&json!({"name": name, "arguments": arguments}))
+        .send()
+        .await
+        .expect("POST tools/call");
+    let status = response.status();
+    (status, response.json().await.expect("JSON body"))
+}
+
+/// Issue #21 item 3 through a real worker: the worker names the caller
+/// (`requested_by` = its token's principal); identical pending calls of one
+/// caller share one approval; a caller at the registry's cap
+/// (`--max-pending-approvals`) is refused naming it, another caller of the
+/// same worker is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_approvals_are_capped_per_caller_through_the_worker() {
+    let Guarded {
+        _dir,
+        registry,
+        revision,
+        ..
+    } = Guarded::start(&["--max-pending-approvals", "2"]).await;
+    let config = tempfile::tempdir().expect("tempdir");
+    let path = config.path().join("worker.toml");
+    std::fs::write(
+        &path,
+        format!("[[callers]]\ntoken = \"{OTHER_CALLER}\"\ntask = \"other\"\n\n[tasks.other]\n"),
+    )
+    .expect("worker config");
+    let worker = WorkerProcess::start(
+        &registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--config", path.to_str().expect("utf-8 path")],
+    )
+    .await;
+    worker.synced(revision, Duration::from_secs(10)).await;
+    let add = injected("guarded", "add");
+    let approval_of = |body: &Value| body["error"]["approval_id"].as_str().map(str::to_owned);
+
+    let (status, body) = call_as(&worker, CALLER, &add, json!({"a": 1, "b": 1})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let first = approval_of(&body).expect("approval_id");
+    let (_, body) = call_as(&worker, CALLER, &add, json!({"a": 1, "b": 1})).await;
+    assert_eq!(
+        approval_of(&body).as_deref(),
+        Some(first.as_str()),
+        "merged"
+    );
+    let (_, body) = call_as(&worker, CALLER, &add, json!({"a": 1, "b": 2})).await;
+    assert!(approval_of(&body).is_some(), "{body}");
+    let (status, body) = call_as(&worker, CALLER, &add, json!({"a": 1, "b": 3})).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+        "{body}"
+    );
+    assert_eq!(approval_of(&body), None, "{body}");
+    assert_eq!(body["error"]["retryable"], json!(true), "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("max_pending_approvals") && message.contains('2'),
+        "{body}"
+    );
+    // The other caller of the same worker is unaffected, and its approval
+    // names it, not the first caller.
+    let (_, body) = call_as(&worker, OTHER_CALLER, &add, json!({"a": 1, "b": 1})).await;
+    let other = approval_of(&body).expect("other caller's approval");
+    assert_ne!(other, first);
+    let shown = |id: String| {
+        let url = format!("{}/admin/api/approvals/{id}", registry.http_url());
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .expect("GET approval")
+                .json::<Value>()
+                .await
+                .expect("approval JSON")
+        }
+    };
+    let (mine, theirs) = (shown(first).await, shown(other).await);
+    let mine = mine["requested_by"].as_str().unwrap_or_default().to_owned();
+    let theirs = theirs["requested_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        mine.starts_with("token:") && theirs.starts_with("token:"),
+        "{mine} {theirs}"
+    );
+    assert_ne!(mine, theirs);
+}

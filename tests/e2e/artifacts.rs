@@ -348,20 +348,24 @@ async fn vision_with_artifact_urls_hands_the_model_a_signed_url() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
+/// The record of `tests/e2e/peers/images.py`.
+fn images_record() -> Value {
     let peer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/peers/images.py");
-    let record = json!({
+    json!({
         "server_id": "images",
         "transport": "stdio",
         "stdio": {"command": sdk_python(), "args": [peer.display().to_string()]},
         "allowed_tools": ["image"],
         // Far below the images: binary content does not count against it.
         "budgets": {"max_tool_output_bytes": 100, "tool_timeout_ms": 20_000},
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
     let stack = Stack::start(
-        record,
-        "[artifacts]\nmax_total_bytes = 3000\nmax_item_bytes = 1500\n",
+        images_record(),
+        "[artifacts]\nmax_total_bytes = 3000\nmax_caller_bytes = 3000\nmax_item_bytes = 1500\n",
         None,
     )
     .await;
@@ -415,5 +419,132 @@ async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
     assert_eq!(
         stack.metric("quiver_artifacts_evicted_total").await,
         Some(1.0)
+    );
+}
+
+/// `GET url` with `token`: status, headers.
+async fn headers_of(
+    stack: &Stack,
+    url: &str,
+    token: &str,
+) -> (StatusCode, reqwest::header::HeaderMap) {
+    let response = reqwest::Client::new()
+        .get(format!("{}{url}", stack.worker.url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("GET artifact");
+    (response.status(), response.headers().clone())
+}
+
+fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_content_is_an_attachment_and_an_id_keeps_its_type() {
+    let stack = Stack::start(images_record(), "", None).await;
+    let image = injected("images", "image");
+    let store = async |mime: &str, text: &str| {
+        let (status, body) = stack
+            .call(
+                CALLER,
+                &image,
+                json!({"seed": 1, "size": 1, "mime": mime, "text": text}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["artifacts"][0]["mime_type"], mime, "{body}");
+        body["artifacts"][0]["url"]
+            .as_str()
+            .expect("url")
+            .to_owned()
+    };
+    let page = "<html><script>fetch('/v1/mcp/tools')</script></html>";
+    // The same bytes as PNG, then as HTML: two artifacts, each its type.
+    let png = store("image/png", page).await;
+    let html = store("text/html", page).await;
+    let svg = store(
+        "image/svg+xml",
+        "<svg xmlns='http://www.w3.org/2000/svg' onload='alert(1)'/>",
+    )
+    .await;
+    let xhtml = store("application/xhtml+xml; charset=utf-8", page).await;
+    assert_ne!(png, html, "an id names one type");
+
+    let (status, headers) = headers_of(&stack, &png, CALLER).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&headers, "content-type"), "image/png");
+    assert_eq!(header(&headers, "content-disposition"), "inline");
+    assert_eq!(header(&headers, "content-security-policy"), "sandbox");
+    assert_eq!(header(&headers, "x-content-type-options"), "nosniff");
+    for (url, declared) in [
+        (&html, "text/html"),
+        (&svg, "image/svg+xml"),
+        (&xhtml, "application/xhtml+xml"),
+    ] {
+        let (status, headers) = headers_of(&stack, url, CALLER).await;
+        assert_eq!(status, StatusCode::OK, "{declared}");
+        assert_eq!(header(&headers, "content-type"), declared);
+        assert!(
+            header(&headers, "content-disposition").starts_with("attachment"),
+            "{declared}: {headers:?}"
+        );
+        assert_eq!(header(&headers, "content-security-policy"), "sandbox");
+        assert_eq!(header(&headers, "x-content-type-options"), "nosniff");
+    }
+    // The PNG's URL still serves a PNG after the HTML was stored.
+    let (_, headers) = headers_of(&stack, &png, CALLER).await;
+    assert_eq!(header(&headers, "content-type"), "image/png");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_over_its_share_evicts_only_its_own_artifacts() {
+    let stack = Stack::start(
+        images_record(),
+        "[artifacts]\nmax_total_bytes = 4000\nmax_caller_bytes = 2000\nmax_item_bytes = 1000\n",
+        None,
+    )
+    .await;
+    let image = injected("images", "image");
+    let store = async |token: &str, seed: u32| {
+        let (status, body) = stack
+            .call(token, &image, json!({"seed": seed, "size": 1000}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["artifacts"][0]["url"]
+            .as_str()
+            .expect("url")
+            .to_owned()
+    };
+    let mut others = Vec::new();
+    for seed in 1..=2 {
+        others.push(store(OTHER, seed).await);
+    }
+    // The first caller stores far more than its share.
+    let mut mine = Vec::new();
+    for seed in 10..=19 {
+        mine.push(store(CALLER, seed).await);
+    }
+    for url in &others {
+        let (status, _, _) = stack.fetch(url, Some(OTHER)).await;
+        assert_eq!(status, StatusCode::OK, "the other caller's {url}");
+    }
+    for (at, url) in mine.iter().enumerate() {
+        let (status, _, _) = stack.fetch(url, Some(CALLER)).await;
+        let expected = if at >= 8 {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        assert_eq!(status, expected, "own artifact #{at}");
+    }
+    assert_eq!(stack.metric("quiver_artifacts_bytes").await, Some(4000.0));
+    assert_eq!(
+        stack.metric("quiver_artifacts_evicted_total").await,
+        Some(8.0)
     );
 }

@@ -4,7 +4,10 @@
 //! server of the same SDK (`tests/e2e/peers/gateway_upstream.py`); one
 //! client alternating between two workers behind a round-robin balancer;
 //! and the endpoints' refusals (no token, foreign `Host`/`Origin`, bad
-//! JSON-RPC, unknown sessions).
+//! JSON-RPC, unknown sessions). Issue #21: deleted and expired session ids
+//! stay dead on every worker, resumed sessions count against the caps, one
+//! caller cannot take every slot, and a registry outage fails open within
+//! its bound.
 //!
 //! The client (`tests/e2e/peers/gateway_client.py`) runs every step and
 //! prints a JSON report; the tests check it here.
@@ -565,4 +568,351 @@ async fn sessions_beyond_the_cap_are_refused_and_open_ones_keep_working() {
     )
     .await;
     assert_eq!(listed.status(), StatusCode::OK);
+}
+
+// Issue #21: session lifecycle and the edge.
+
+/// Opens a session at `url` for `token`: its signed id, once the client
+/// said `notifications/initialized`.
+async fn open_session(url: &str, token: &str) -> String {
+    let response = post(url, Some(token), &[], INITIALIZE).await;
+    assert_eq!(response.status(), StatusCode::OK, "initialize at {url}");
+    let session = response.headers()["mcp-session-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let _ = response.text().await;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let response = post(url, Some(token), &session_headers(&session), initialized).await;
+    assert!(response.status().is_success(), "initialized at {url}");
+    session
+}
+
+fn session_headers(session: &str) -> [(&str, &str); 2] {
+    [
+        ("mcp-session-id", session),
+        ("mcp-protocol-version", "2025-11-25"),
+    ]
+}
+
+/// `tools/list` on `session` at `url`: the status and the body.
+async fn list_tools(url: &str, token: &str, session: &str) -> (StatusCode, String) {
+    let response = post(
+        url,
+        Some(token),
+        &session_headers(session),
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await;
+    (response.status(), response.text().await.expect("body"))
+}
+
+/// The worker's refusal of a request that would open a session: 503
+/// `mcp_unavailable` whose message names `cap`.
+async fn assert_capped(response: reqwest::Response, cap: &str) {
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = response.json().await.expect("error JSON");
+    assert_eq!(body["error"]["code"], "mcp_unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(cap)),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_session_stays_deleted_on_every_worker() {
+    let stack = Stack::start().await;
+    let grpc = stack.registry.grpc_url();
+    let second = WorkerProcess::start(&grpc, WORKER, CALLER, &[] as &[&str]).await;
+    let first_url = format!("{}/mcp/py", stack.worker.url());
+    let second_url = format!("{}/mcp/py", second.url());
+    let session = open_session(&first_url, CALLER).await;
+    // Live on both workers: opened on the first, resumed on the second.
+    for url in [&first_url, &second_url] {
+        let (status, body) = list_tools(url, CALLER, &session).await;
+        assert_eq!(status, StatusCode::OK, "{url}: {body}");
+    }
+    let deleted = reqwest::Client::new()
+        .delete(&first_url)
+        .bearer_auth(CALLER)
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .expect("DELETE");
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    // The same worker: gone, for good.
+    let (status, body) = list_tools(&first_url, CALLER, &session).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("deleted"), "{body}");
+    // A worker that never held it refuses to restore it (the registry knows).
+    let third = WorkerProcess::start(&grpc, WORKER, CALLER, &[] as &[&str]).await;
+    let (status, body) = list_tools(&format!("{}/mcp/py", third.url()), CALLER, &session).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // The worker where it was live ends it on its next check.
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    let (status, body) = list_tools(&second_url, CALLER, &session).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, _) = list_tools(&second_url, CALLER, &session).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // New sessions are unaffected.
+    let fresh = open_session(&second_url, CALLER).await;
+    assert_eq!(
+        list_tools(&second_url, CALLER, &fresh).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_id_is_refused() {
+    let stack = Stack::start().await;
+    let short = WorkerProcess::start(
+        &stack.registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--mcp-max-session-lifetime-ms", "1500"],
+    )
+    .await;
+    let url = format!("{}/mcp/py", short.url());
+    let session = open_session(&url, CALLER).await;
+    assert_eq!(list_tools(&url, CALLER, &session).await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let (status, body) = list_tools(&url, CALLER, &session).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("max_session_lifetime"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_resumed_from_another_worker_count_against_the_cap() {
+    let stack = Stack::start().await;
+    let capped = WorkerProcess::start(
+        &stack.registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &[
+            "--mcp-max-sessions",
+            "2",
+            "--mcp-max-sessions-per-caller",
+            "2",
+        ],
+    )
+    .await;
+    let opener = format!("{}/mcp/py", stack.worker.url());
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(open_session(&opener, CALLER).await);
+    }
+    let url = format!("{}/mcp/py", capped.url());
+    for session in &sessions[..2] {
+        let (status, body) = list_tools(&url, CALLER, session).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let refused = post(
+        &url,
+        Some(CALLER),
+        &session_headers(&sessions[2]),
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await;
+    assert_capped(refused, "max_sessions = 2").await;
+    // A new session is refused the same way; the resumed ones keep working.
+    assert_capped(
+        post(&url, Some(CALLER), &[], INITIALIZE).await,
+        "max_sessions = 2",
+    )
+    .await;
+    assert_eq!(
+        list_tools(&url, CALLER, &sessions[0]).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_jsonrpc_bodies_get_400_with_their_codes() {
+    let stack = Stack::start().await;
+    let url = format!("{}/mcp/py", stack.worker.url());
+    let session = open_session(&url, CALLER).await;
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"add","arguments":{{"a":{}1{}}}}}}}"#,
+        "[".repeat(5_000),
+        "]".repeat(5_000)
+    );
+    let cases = [
+        (
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/list"}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":[1,2],"method":"tools/list"}"#,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":7}"#,
+            -32600,
+        ),
+        (deep.as_str(), -32700),
+    ];
+    for (body, code) in cases {
+        for headers in [&session_headers(&session)[..], &[]] {
+            let response = post(&url, Some(CALLER), headers, body).await;
+            let status = response.status();
+            let text = response.text().await.expect("body");
+            let short = &body[..body.len().min(80)];
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{short}: {text}");
+            let error: Value = serde_json::from_str(&text).expect("JSON-RPC error");
+            assert_eq!(error["error"]["code"], code, "{short}: {text}");
+        }
+    }
+    let (status, _) = stack.worker.readyz().await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list_tools(&url, CALLER, &session).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_for_unavailable_servers_only_is_refused_and_not_counted() {
+    let stack = Stack::start().await;
+    let capped = WorkerProcess::start(
+        &stack.registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--mcp-max-sessions", "1"],
+    )
+    .await;
+    for endpoint in ["/mcp?server_ids=ghost,nope", "/mcp/ghost"] {
+        let response = post(
+            &format!("{}{endpoint}", capped.url()),
+            Some(CALLER),
+            &[],
+            INITIALIZE,
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{endpoint}");
+        assert!(response.headers().get("mcp-session-id").is_none());
+        let body: Value = response.json().await.expect("error JSON");
+        assert_eq!(body["error"]["code"], "not_found", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("\"ghost\"")),
+            "{body}"
+        );
+    }
+    // Nothing was counted: the one slot is still free, and a list that
+    // names one available server among absent ones is served.
+    let session = open_session(&format!("{}/mcp?server_ids=py,ghost", capped.url()), CALLER).await;
+    assert!(!session.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_cannot_take_every_gateway_session_slot() {
+    const OTHER: &str = "e2e-other-caller-token";
+    let stack = Stack::start().await;
+    let worker = WorkerProcess::start(
+        &stack.registry.grpc_url(),
+        WORKER,
+        CALLER,
+        &["--mcp-max-sessions", "8", "--caller-token", OTHER],
+    )
+    .await;
+    let url = format!("{}/mcp/py", worker.url());
+    // Default share: a quarter of max_sessions.
+    for _ in 0..2 {
+        open_session(&url, CALLER).await;
+    }
+    assert_capped(
+        post(&url, Some(CALLER), &[], INITIALIZE).await,
+        "max_sessions_per_caller = 2",
+    )
+    .await;
+    // Another caller is unaffected.
+    let other = open_session(&url, OTHER).await;
+    assert_eq!(list_tools(&url, OTHER, &other).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_outage_fails_open_within_the_bound() {
+    use nix::sys::signal::Signal;
+    let stack = Stack::start().await;
+    let second =
+        WorkerProcess::start(&stack.registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
+    let first_url = format!("{}/mcp/py", stack.worker.url());
+    let second_url = format!("{}/mcp/py", second.url());
+    let deleted = open_session(&first_url, CALLER).await;
+    let other = open_session(&first_url, CALLER).await;
+    // The registry stops answering (its sockets stay open).
+    stack.registry.signal(Signal::SIGSTOP);
+    // A deletion holds on the worker that answered it, within the bound.
+    let started = std::time::Instant::now();
+    let response = reqwest::Client::new()
+        .delete(&first_url)
+        .bearer_auth(CALLER)
+        .header("mcp-session-id", &deleted)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .expect("DELETE");
+    assert!(response.status().is_success(), "{}", response.status());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        list_tools(&first_url, CALLER, &deleted).await.0,
+        StatusCode::NOT_FOUND
+    );
+    // Another worker resumes a session after one bounded wait (fail open),
+    // and so does the next (without asking again while the registry is
+    // quiet; the bound is what is asserted, the machine may be slow).
+    let started = std::time::Instant::now();
+    let (status, body) = list_tools(&second_url, CALLER, &other).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let third = open_session(&first_url, CALLER).await;
+    let started = std::time::Instant::now();
+    assert_eq!(
+        list_tools(&second_url, CALLER, &third).await.0,
+        StatusCode::OK
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    stack.registry.signal(Signal::SIGCONT);
+    let unshared = counter(
+        &stack.worker.url(),
+        "mcp_gateway_revocations_unshared_total",
+    )
+    .await;
+    assert_eq!(unshared, 1.0);
+    let failed = counter(&second.url(), "mcp_gateway_revocation_checks_failed_total").await;
+    assert!(failed >= 1.0, "{failed}");
+}
+
+/// A counter of the worker at `url`, labelled or not.
+async fn counter(url: &str, name: &str) -> f64 {
+    let page = reqwest::get(format!("{url}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    page.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }

@@ -32,6 +32,7 @@ mod otlp;
 mod registry_concurrency;
 mod replicas;
 mod repo_rules;
+mod resource_uris;
 mod security;
 mod sessions;
 mod tls;

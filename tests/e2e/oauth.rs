@@ -133,9 +133,14 @@ fn oauth_keys() -> String {
 
 /// A registry on a fresh SQLite file with OAuth keys.
 async fn sqlite_registry() -> (tempfile::TempDir, RegistryProcess) {
+    sqlite_registry_with(&[]).await
+}
+
+/// [`sqlite_registry`] with more flags.
+async fn sqlite_registry_with(extra: &[&str]) -> (tempfile::TempDir, RegistryProcess) {
     let (dir, db_url) = sqlite();
     let keys = oauth_keys();
-    let registry = RegistryProcess::start(&[
+    let mut args = vec![
         "--database-url",
         db_url.as_str(),
         "--admin-token",
@@ -144,8 +149,9 @@ async fn sqlite_registry() -> (tempfile::TempDir, RegistryProcess) {
         WORKER,
         "--oauth-keys",
         keys.as_str(),
-    ])
-    .await;
+    ];
+    args.extend_from_slice(extra);
+    let registry = RegistryProcess::start(&args).await;
     (dir, registry)
 }
 
@@ -345,19 +351,38 @@ async fn one_broker_serves_the_fleet_refreshes_once_and_asks_for_reconsent() {
 
     // Connecting again (a new grant, through the other replica) brings the
     // server back on both workers.
-    let (status, body) = connect(&registry_b, CONNECTION).await;
+    let (status, body, cookie) = connect_with_cookie(&registry_b, CONNECTION).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
-    let response = client().get(&callback).send().await.expect("callback");
+    let response = callback_with(&callback, &cookie).await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER, "{response:?}");
     let again = whoami(&worker_a, "tracker").await;
     assert_eq!(whoami(&worker_b, "tracker").await, again);
     assert_eq!(view(&registry_a, CONNECTION).await["status"], "connected");
 
-    // Step-up: a tool that needs a scope the grant lacks (403
-    // insufficient_scope) asks a person to consent to it, once; afterwards
-    // it works on both workers.
+    // Issue #21 item 6: without a ceiling set by an admin, a tool that
+    // needs a scope the grant lacks cannot widen the connection nor flip it
+    // to needs_reconsent.
     let admin_echo = injected("tracker", "admin_echo");
+    let (status, body) = worker_a.call(&admin_echo, json!({"text": "hi"})).await;
+    assert!(!status.is_success(), "{status}: {body}");
+    let connection = view(&registry_b, CONNECTION).await;
+    assert_eq!(connection["status"], "connected", "{connection}");
+    assert_eq!(connection["scopes"], Value::Null, "{connection}");
+    put_connection(
+        &registry_a,
+        CONNECTION,
+        json!({"server_url": server.mcp, "max_scopes": ["mcp:tools", "mcp:admin"]}),
+    )
+    .await;
+    let (_, body, cookie) = connect_with_cookie(&registry_a, CONNECTION).await;
+    let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
+    let response = callback_with(&callback, &cookie).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{response:?}");
+
+    // Step-up within the ceiling: a tool that needs a scope the grant lacks
+    // (403 insufficient_scope) asks a person to consent to it, once;
+    // afterwards it works on both workers.
     let (status, body) = worker_a.call(&admin_echo, json!({"text": "hi"})).await;
     assert_eq!(body["error"]["code"], "mcp_unavailable", "{status}: {body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -372,9 +397,9 @@ async fn one_broker_serves_the_fleet_refreshes_once_and_asks_for_reconsent() {
         json!(["mcp:tools", "mcp:admin"]),
         "{connection}"
     );
-    let (_, body) = connect(&registry_a, CONNECTION).await;
+    let (_, body, cookie) = connect_with_cookie(&registry_a, CONNECTION).await;
     let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
-    let response = client().get(&callback).send().await.expect("callback");
+    let response = callback_with(&callback, &cookie).await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER, "{response:?}");
     for worker in [&worker_a, &worker_b] {
         assert_eq!(
@@ -446,13 +471,48 @@ async fn authorize(url: &str) -> String {
 }
 
 async fn connect(registry: &RegistryProcess, name: &str) -> (StatusCode, Value) {
-    oauth_api(
-        registry,
-        reqwest::Method::POST,
-        &format!("/{name}/connect"),
-        None,
+    let (status, body, _) = connect_with_cookie(registry, name).await;
+    (status, body)
+}
+
+/// Connect as the web admin's browser does: also the flow's cookie
+/// (`name=value`) the answer sets, which the callback needs.
+async fn connect_with_cookie(
+    registry: &RegistryProcess,
+    name: &str,
+) -> (StatusCode, Value, String) {
+    let response = client()
+        .post(format!(
+            "{}/admin/api/oauth/connections/{name}/connect",
+            registry.http_url()
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("connect");
+    let status = response.status();
+    let cookie = response
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| value.split(';').next().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let text = response.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(json!(text)),
+        cookie,
     )
-    .await
+}
+
+/// The browser's way back: GET the callback with the flow's cookie.
+async fn callback_with(callback: &str, cookie: &str) -> reqwest::Response {
+    client()
+        .get(callback)
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .expect("callback")
 }
 
 /// The connection is exactly as before the failed attempt, apart from the
@@ -510,18 +570,14 @@ async fn each_failing_step_is_named_and_nothing_is_stored() {
     // up, so replaying the callback is refused too.
     let server = OAuthServer::start(&["--fault", "token-error"]).await;
     put_connection(&registry, "refused", json!({"server_url": server.mcp})).await;
-    let (_, body) = connect(&registry, "refused").await;
+    let (_, body, cookie) = connect_with_cookie(&registry, "refused").await;
     let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
-    let response = client().get(&callback).send().await.expect("callback");
+    let response = callback_with(&callback, &cookie).await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     let page = response.text().await.unwrap_or_default();
     assert!(page.contains("oauth token exchange"), "{page}");
     assert_nothing_stored(&registry, "refused", "oauth token exchange").await;
-    let replay = client()
-        .get(&callback)
-        .send()
-        .await
-        .expect("replayed callback");
+    let replay = callback_with(&callback, &cookie).await;
     let page = replay.text().await.unwrap_or_default();
     assert!(page.contains("state mismatch"), "{page}");
 
@@ -576,17 +632,148 @@ async fn client_credentials_connect_without_a_person() {
     server.admin("expire-access-tokens", json!({})).await;
     assert_eq!(whoami(&worker, "m2m").await, "machine");
     assert_eq!(server.stats().await["client_credentials_grants"], 2);
-    // Step-up without a person: the wider scope is asked for at once.
+    // Issue #21 item 6: the worker token cannot widen the connection: by
+    // default (no max_scopes) a step-up is refused naming the ceiling, the
+    // connection is unchanged and the refusal is audited with the worker.
+    let before = view(&registry, "m2m").await;
+    let (status, body) = worker
+        .call(&injected("m2m", "admin_echo"), json!({"text": "hi"}))
+        .await;
+    assert!(!status.is_success(), "{status}: {body}");
+    let after = view(&registry, "m2m").await;
+    assert_eq!(after["scopes"], before["scopes"], "{after}");
+    assert_eq!(after["status"], "connected", "{after}");
+    assert_eq!(after["updated_at"], before["updated_at"], "{after}");
+    assert_eq!(server.stats().await["client_credentials_grants"], 2);
+    let log = registry.log_tail();
+    let refusal = log
+        .lines()
+        .find(|line| line.contains("oauth_step_up_refused"))
+        .unwrap_or_else(|| panic!("no refusal audited:\n{log}"));
+    assert!(refusal.contains("\"actor\":\"worker:"), "{refusal}");
+    // An admin sets a ceiling: a step-up within it asks for the wider
+    // scope at once, without a person.
+    put_connection(
+        &registry,
+        "m2m",
+        json!({
+            "server_url": server.mcp,
+            "grant": "client_credentials",
+            "client_id": "machine",
+            "max_scopes": ["mcp:tools", "mcp:admin"],
+        }),
+    )
+    .await;
     assert_eq!(
         worker
             .call_text(&injected("m2m", "admin_echo"), json!({"text": "hi"}))
             .await,
         "hi"
     );
-    assert_eq!(server.stats().await["client_credentials_grants"], 3);
+    assert!(
+        registry
+            .log_tail()
+            .lines()
+            .any(|line| line.contains("\"oauth_step_up\"") && line.contains("\"actor\":\"worker:")),
+        "step-up audited with the worker"
+    );
     assert_eq!(
         view(&registry, "m2m").await["scopes"],
         json!(["mcp:tools", "mcp:admin"])
     );
     assert!(!registry.log_tail().contains("s3cret"));
+}
+
+/// Issue #21 item 8: the broker's requests (discovery, registration, token)
+/// are held to the registry's egress allowlist like its tool preview: with
+/// an allowlist that does not admit loopback, Connect fetches nothing from
+/// the loopback server; one that admits it (by CIDR) connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_obeys_the_registry_egress_allowlist() {
+    let server = OAuthServer::start(&["--client", "machine:s3cret"]).await;
+    let spec = json!({
+        "server_url": server.mcp,
+        "grant": "client_credentials",
+        "client_id": "machine",
+        "client_secret": "s3cret",
+    });
+    let (_dir, refusing) =
+        sqlite_registry_with(&["--egress-allow-host", "mcp.allowed.example"]).await;
+    put_connection(&refusing, "m2m", spec.clone()).await;
+    let (status, body) = connect(&refusing, "m2m").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("oauth discovery") && message.contains("not allowed"),
+        "{body}"
+    );
+    assert_eq!(server.stats().await["client_credentials_grants"], 0);
+    // The preview refuses the same URL.
+    let response = client()
+        .post(format!("{}/admin/api/mcp/preview", refusing.http_url()))
+        .bearer_auth(ADMIN)
+        .json(&oauth_record("m2m", &server.mcp, "m2m"))
+        .send()
+        .await
+        .expect("preview");
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    assert!(!status.is_success(), "{status}: {body}");
+    assert!(body.contains("not allowed"), "{body}");
+
+    let (_dir, admitting) = sqlite_registry_with(&["--egress-allow-cidr", "127.0.0.0/8"]).await;
+    put_connection(&admitting, "m2m", spec).await;
+    let (status, body) = connect(&admitting, "m2m").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["connection"]["status"], "connected", "{body}");
+    assert_eq!(server.stats().await["client_credentials_grants"], 1);
+}
+
+/// Issue #21 item 8: the callback completes a flow only in the browser that
+/// pressed Connect (the HttpOnly cookie Connect set). Anyone else holding
+/// the callback URL is refused with a page naming the step, and the flow
+/// stays pending for its owner, who then completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callback_completes_only_in_the_browser_that_pressed_connect() {
+    let (_dir, registry) = sqlite_registry().await;
+    let server = OAuthServer::start(&[]).await;
+    put_connection(&registry, "bound", json!({"server_url": server.mcp})).await;
+    let (status, body, cookie) = connect_with_cookie(&registry, "bound").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(cookie.starts_with("quiver_oauth_flow_bound="), "{cookie}");
+    let callback = authorize(body["authorization_url"].as_str().expect("url")).await;
+
+    for (presented, why) in [
+        (String::new(), "missing"),
+        (
+            "quiver_oauth_flow_bound=0123456789abcdef".to_owned(),
+            "wrong",
+        ),
+    ] {
+        let response = callback_with(&callback, &presented).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{why}");
+        let page = response.text().await.unwrap_or_default();
+        assert!(
+            page.contains("oauth-error")
+                && page.contains("oauth callback")
+                && page.contains("did not start the authorization")
+                && page.contains(why),
+            "{page}"
+        );
+        let connection = view(&registry, "bound").await;
+        assert_eq!(connection["status"], "not_connected", "{connection}");
+        assert_eq!(server.stats().await["authorization_code_grants"], 0);
+    }
+
+    // The owner's browser still completes it.
+    let response = callback_with(&callback, &cookie).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{response:?}");
+    let cleared = response
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
+    assert_eq!(view(&registry, "bound").await["status"], "connected");
+    assert_eq!(server.stats().await["authorization_code_grants"], 1);
 }

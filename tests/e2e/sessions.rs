@@ -2,7 +2,9 @@
 //! Python SDK (`tests/e2e/peers/session_store.py`, an in-memory `put`/`get`
 //! store) behind real `quiver registry` and `quiver worker` processes. With
 //! `isolation = "per_session"` each `x-quiver-session` gets its own process;
-//! with `shared` every caller sees one store.
+//! with `shared` every caller sees one store. A session is its caller's
+//! own (issue #21): a second caller token naming the same session, or a
+//! gateway session's id, gets a session of its own.
 
 use std::time::Duration;
 
@@ -34,9 +36,12 @@ struct Stack {
     client: reqwest::Client,
 }
 
+/// A second caller token of the worker (task `default`, like [`CALLER`]).
+const OTHER: &str = "e2e-other-caller-token";
+
 impl Stack {
     /// A registry with a per-session and a shared store, and a worker with
-    /// `pool` as its `[pool]` section.
+    /// `pool` as its `[pool]` section and callers [`CALLER`] and [`OTHER`].
     async fn start(pool: &str) -> Stack {
         let (dir, db_url) = sqlite();
         let config = dir.path().join("worker.toml");
@@ -49,7 +54,12 @@ impl Stack {
             &registry.grpc_url(),
             WORKER,
             CALLER,
-            &["--config", config.to_str().expect("utf-8 path")],
+            &[
+                "--config",
+                config.to_str().expect("utf-8 path"),
+                "--caller-token",
+                OTHER,
+            ],
         )
         .await;
         worker.synced(revision, Duration::from_secs(10)).await;
@@ -70,10 +80,23 @@ impl Stack {
         tool: &str,
         arguments: Value,
     ) -> (StatusCode, Value) {
+        self.call_as(CALLER, server_id, session, tool, arguments)
+            .await
+    }
+
+    /// [`call`](Self::call) with caller token `token`.
+    async fn call_as(
+        &self,
+        token: &str,
+        server_id: &str,
+        session: Option<&str>,
+        tool: &str,
+        arguments: Value,
+    ) -> (StatusCode, Value) {
         let mut request = self
             .client
             .post(format!("{}/v1/mcp/tools/call", self.worker.url()))
-            .bearer_auth(CALLER)
+            .bearer_auth(token)
             .json(&json!({"name": injected(server_id, tool), "arguments": arguments}));
         if let Some(session) = session {
             request = request.header("x-quiver-session", session);
@@ -97,8 +120,13 @@ impl Stack {
 
     /// The value `get` answers in `session`, and the pid that answered.
     async fn get(&self, server_id: &str, session: &str) -> (String, i32) {
+        self.get_as(CALLER, server_id, session).await
+    }
+
+    /// [`get`](Self::get) with caller token `token`.
+    async fn get_as(&self, token: &str, server_id: &str, session: &str) -> (String, i32) {
         let (status, body) = self
-            .call(server_id, Some(session), "get", json!({"key": "k"}))
+            .call_as(token, server_id, Some(session), "get", json!({"key": "k"}))
             .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let text = body["content"][0]["text"]
@@ -110,10 +138,15 @@ impl Stack {
     }
 
     async fn end_session(&self, session: &str) -> (StatusCode, Value) {
+        self.end_session_as(CALLER, session).await
+    }
+
+    /// [`end_session`](Self::end_session) with caller token `token`.
+    async fn end_session_as(&self, token: &str, session: &str) -> (StatusCode, Value) {
         let response = self
             .client
             .delete(format!("{}/v1/sessions/{session}", self.worker.url()))
-            .bearer_auth(CALLER)
+            .bearer_auth(token)
             .send()
             .await
             .expect("DELETE session");
@@ -431,4 +464,108 @@ async fn a_record_sets_its_own_session_idle_time() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.expect("error JSON");
     assert_eq!(body["error"]["field"], "budgets.session_idle_ms", "{body}");
+}
+
+/// Issue #21 item 1: caller B naming caller A's session gets a session of
+/// its own (B's empty store, another process), and B's DELETE of that name
+/// does not end A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_name_is_its_callers_own() {
+    let stack = Stack::start("").await;
+    stack.put("isolated", "alice-sess", "alice-secret").await;
+    let (_, alice_pid) = stack.get("isolated", "alice-sess").await;
+
+    // B cannot end A's session: B has none of that name.
+    let (status, body) = stack.end_session_as(OTHER, "alice-sess").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    assert!(alive(alice_pid));
+    assert_eq!(
+        stack.get("isolated", "alice-sess").await,
+        ("alice-secret".to_owned(), alice_pid)
+    );
+
+    // B naming it gets its own, empty store in another process.
+    let (bobs, bob_pid) = stack.get_as(OTHER, "isolated", "alice-sess").await;
+    assert_eq!(bobs, "", "B read A's session state");
+    assert_ne!(bob_pid, alice_pid);
+    assert_eq!(stack.sessions_of("isolated").await, 2);
+
+    // B ends its own session of that name; A's lives on.
+    let (status, body) = stack.end_session_as(OTHER, "alice-sess").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["connections_ended"], 1);
+    eventually(
+        Duration::from_secs(10),
+        "B's session process ended",
+        || async { (!alive(bob_pid)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        stack.get("isolated", "alice-sess").await,
+        ("alice-secret".to_owned(), alice_pid)
+    );
+}
+
+/// Issue #21 item 1: a gateway session's per-session connection is keyed
+/// in the gateway's own namespace, so its id (the part before the
+/// signature, which audit lines print) named as `x-quiver-session` on the
+/// tool API reaches another session, whoever names it, and cannot be ended
+/// with `DELETE /v1/sessions/{id}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_session_is_not_reachable_by_its_id_on_the_tool_api() {
+    let stack = Stack::start("").await;
+    let gateway = McpSession::open(&stack.worker, "isolated").await;
+    gateway
+        .call("put", json!({"key": "k", "value": "gateway-secret"}))
+        .await;
+    let answer = gateway.call("get", json!({"key": "k"})).await;
+    let (value, pid) = answer.rsplit_once('@').expect("value@pid");
+    assert_eq!(value, "gateway-secret");
+    let gateway_pid: i32 = pid.parse().expect("pid");
+    let inner = gateway.id.split('.').next().expect("inner id").to_owned();
+
+    for token in [OTHER, CALLER] {
+        let (status, body) = stack.end_session_as(token, &inner).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        let (value, pid) = stack.get_as(token, "isolated", &inner).await;
+        assert_eq!(
+            value, "",
+            "the tool API reached the gateway session's state"
+        );
+        assert_ne!(pid, gateway_pid);
+    }
+    assert!(alive(gateway_pid));
+    let answer = gateway.call("get", json!({"key": "k"})).await;
+    assert_eq!(answer, format!("gateway-secret@{gateway_pid}"));
+}
+
+/// Issue #21 item 8: one caller at `max_session_connections_per_caller` is
+/// refused a new session, naming the cap; its live ones are kept, and
+/// another caller still opens one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_cannot_take_every_session_slot() {
+    let stack = Stack::start(
+        "max_session_connections_per_caller = 2\nmax_session_connections_per_server = 3",
+    )
+    .await;
+    let (_, first) = stack.get("isolated", "a1").await;
+    stack.get("isolated", "a2").await;
+    let (status, body) = stack
+        .call("isolated", Some("a3"), "get", json!({"key": "k"}))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "mcp_unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_session_connections_per_caller = 2")),
+        "{body}"
+    );
+    assert_eq!(stack.get("isolated", "a1").await.1, first, "not evicted");
+    let (status, body) = stack
+        .call_as(OTHER, "isolated", Some("b1"), "get", json!({"key": "k"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(stack.sessions_of("isolated").await, 3);
 }

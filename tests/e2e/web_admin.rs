@@ -163,6 +163,7 @@ async fn request_approvals(grpc_url: &str) {
                 arguments_json: arguments.to_string(),
                 arguments_hash: quiver_model::approval::canonical_arguments_hash(&arguments),
                 record_revision: 1,
+                ..Default::default()
             })
             .await
             .expect("request an approval");

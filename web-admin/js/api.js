@@ -50,10 +50,11 @@ export class ApiError extends Error {
 
 /**
  * Calls `METHOD /admin/api/<path>`. `body` is sent as JSON unless `text` is
- * given (sent as is with `contentType`). Resolves with the parsed JSON.
+ * given (sent as is with `contentType`); `cookies` lets the answer set
+ * cookies (OAuth Connect). Resolves with the parsed JSON.
  * A 401 also fires `quiver:unauthenticated` on `window`.
  */
-export async function api(method, path, { query, body, text, contentType, token } = {}) {
+export async function api(method, path, { query, body, text, contentType, token, cookies } = {}) {
   const url = new URL(API + path, location.origin);
   for (const [key, value] of Object.entries(query ?? {})) {
     if (value != null) url.searchParams.set(key, String(value));
@@ -71,7 +72,9 @@ export async function api(method, path, { query, body, text, contentType, token 
   }
   let response;
   try {
-    response = await fetch(url, { method, headers, body: payload, cache: 'no-store', credentials: 'omit' });
+    // Cookies only where the registry binds a flow to this browser (OAuth
+    // Connect sets one the callback checks); the token is the credential.
+    response = await fetch(url, { method, headers, body: payload, cache: 'no-store', credentials: cookies ? 'same-origin' : 'omit' });
   } catch (err) {
     throw new ApiError(0, null, `Cannot reach the registry: ${err.message}`);
   }

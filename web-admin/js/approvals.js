@@ -96,11 +96,18 @@ export function approvalsPage() {
         h('h2', { class: 'mono' }, `${a.server_id} · ${a.tool}`),
         h('div', { class: 'chips' }, badge('pending', STATE_KIND.pending, { testid: 'approval-state' }))),
       callSummary(a),
-      h('pre', { class: 'json', testid: 'approval-arguments' }, JSON.stringify(a.arguments, null, 2)),
+      h('pre', { class: 'json', testid: 'approval-arguments' }, argumentsText(a, 2)),
       h('div', { class: 'actions' },
         note,
         h('button', { type: 'button', class: 'btn btn-primary', testid: 'approve', onclick: decide('approve') }, 'Approve'),
         h('button', { type: 'button', class: 'btn btn-danger', testid: 'deny', onclick: decide('deny') }, 'Deny')));
+  }
+
+  // Lists summarise large arguments (reference §13.7): a preview, their
+  // size and hash instead of the whole object.
+  function argumentsText(a, indent) {
+    if (!a.arguments_truncated) return JSON.stringify(a.arguments, null, indent);
+    return `${a.arguments_preview}… (${a.arguments_bytes} bytes in all, sha256 ${a.arguments_hash})`;
   }
 
   function historyTable(rows) {
@@ -112,7 +119,7 @@ export function approvalsPage() {
           h('td', {}, badge(a.state, STATE_KIND[a.state] ?? '', { testid: 'approval-state' })),
           h('td', { class: 'mono' }, `${a.server_id} · ${a.tool}`),
           h('td', { class: 'mono' }, a.task),
-          h('td', { class: 'mono small' }, JSON.stringify(a.arguments)),
+          h('td', { class: 'mono small' }, argumentsText(a)),
           h('td', {}, a.decided_by ?? h('span', { class: 'muted' }, '—')),
           h('td', {}, a.note ?? h('span', { class: 'muted' }, '—')),
           h('td', {}, timeEl(a.requested_at)))))));

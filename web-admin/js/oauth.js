@@ -14,14 +14,15 @@ const STATUS_KIND = { connected: 'ok', expiring: 'warn', needs_reconsent: 'bad',
 /** Statuses where a token was had once: the button reads "Reconnect". */
 const RECONNECT = new Set(['connected', 'expiring', 'needs_reconsent']);
 const GRANTS = [['authorization_code', 'Authorization code (a person consents)'], ['client_credentials', 'Client credentials (machine to machine)']];
-const FIELDS = ['name', 'server_url', 'grant', 'client_id', 'client_secret', 'client_metadata_url', 'scopes'];
+const FIELDS = ['name', 'server_url', 'grant', 'client_id', 'client_secret', 'client_metadata_url', 'scopes', 'max_scopes'];
 
 const enc = encodeURIComponent;
 const oauthApi = {
   list: () => api('GET', 'oauth/connections'),
   put: (name, body) => api('PUT', `oauth/connections/${enc(name)}`, { body }),
   remove: (name) => api('DELETE', `oauth/connections/${enc(name)}`),
-  connect: (name) => api('POST', `oauth/connections/${enc(name)}/connect`),
+  // The answer sets the cookie that binds the flow to this browser.
+  connect: (name) => api('POST', `oauth/connections/${enc(name)}/connect`, { cookies: true }),
 };
 
 export function oauthPage(ctx) {
@@ -61,6 +62,7 @@ export function oauthPage(ctx) {
     client_secret: h('input', { type: 'password', testid: 'oauth-client-secret', autocomplete: 'new-password', placeholder: 'optional' }),
     client_metadata_url: h('input', { type: 'url', class: 'mono', testid: 'oauth-client-metadata-url', autocomplete: 'off', spellcheck: 'false', placeholder: 'optional: https://…/client.json' }),
     scopes: h('input', { type: 'text', class: 'mono', testid: 'oauth-scopes', autocomplete: 'off', spellcheck: 'false', placeholder: 'optional, space separated' }),
+    max_scopes: h('input', { type: 'text', class: 'mono', testid: 'oauth-max-scopes', autocomplete: 'off', spellcheck: 'false', placeholder: 'optional, space separated' }),
   };
   const removeSecret = h('input', { type: 'checkbox', testid: 'oauth-remove-secret' });
   const removeSecretRow = h('label', { class: 'check small', hidden: true }, removeSecret, 'Remove the stored secret');
@@ -90,6 +92,7 @@ export function oauthPage(ctx) {
       field('server_url', 'MCP server URL', 'The protected MCP server the tokens are for.'),
       field('grant', 'Grant'),
       field('scopes', 'Scopes', 'Empty: what the server\'s metadata suggests.'),
+      field('max_scopes', 'Step-up ceiling', 'The widest scopes a server\'s insufficient_scope may widen the connection to. Empty: the scopes above (no widening).'),
       field('client_id', 'Client id', 'Without one the registry uses the client metadata document or dynamic registration.'),
       field('client_secret', 'Client secret', secretHint, removeSecretRow),
       field('client_metadata_url', 'Client metadata document URL', 'An HTTPS URL of a client ID metadata document.')),
@@ -108,6 +111,7 @@ export function oauthPage(ctx) {
     inputs.client_secret.value = '';
     inputs.client_metadata_url.value = view?.client_metadata_url ?? '';
     inputs.scopes.value = (view?.scopes ?? []).join(' ');
+    inputs.max_scopes.value = (view?.max_scopes ?? []).join(' ');
     removeSecret.checked = false;
     removeSecretRow.hidden = !view?.has_client_secret;
     secretHint.textContent = view?.has_client_secret
@@ -160,6 +164,8 @@ export function oauthPage(ctx) {
     if (value('client_metadata_url')) body.client_metadata_url = value('client_metadata_url');
     const scopes = value('scopes').split(/\s+/).filter(Boolean);
     if (scopes.length) body.scopes = scopes;
+    const ceiling = value('max_scopes').split(/\s+/).filter(Boolean);
+    if (ceiling.length) body.max_scopes = ceiling;
     return body;
   }
 

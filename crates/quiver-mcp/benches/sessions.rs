@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::leases::SessionKey;
+use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::{CallOptions, McpPool, PoolOptions};
 use quiver_model::{Isolation, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
@@ -52,12 +52,18 @@ fn record(
     })
 }
 
+fn session_key(id: &str) -> SessionKey {
+    SessionKey {
+        caller: "token:bench".into(),
+        task: "bench".into(),
+        kind: SessionKind::Api,
+        session_id: id.to_owned(),
+    }
+}
+
 fn session(id: &str) -> CallOptions {
     CallOptions {
-        session: Some(SessionKey {
-            task: "bench".into(),
-            session_id: id.to_owned(),
-        }),
+        session: Some(session_key(id)),
         ..CallOptions::default()
     }
 }
@@ -153,10 +159,7 @@ async fn run() -> Result<(), BenchError> {
             let started = Instant::now();
             echo(&pool, server, argument, session(&id)).await?;
             samples.push(started.elapsed());
-            pool.end_session(&SessionKey {
-                task: "bench".into(),
-                session_id: id,
-            });
+            pool.end_session(&session_key(&id));
             // Let the ended process go before the next start.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

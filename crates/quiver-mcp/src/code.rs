@@ -32,6 +32,9 @@ pub enum ErrorCode {
     McpToolError,
     /// A call not run because a session budget of the chat request is used up.
     McpBudgetExceeded,
+    /// A per-caller limit of the fleet is reached (e.g. the caller's pending
+    /// approvals); the message names the limit. Other callers are unaffected.
+    ResourceExhausted,
     /// The request is malformed; the error names the field when it can.
     InvalidRequest,
     /// No or unknown bearer token.
@@ -105,6 +108,9 @@ impl ErrorCode {
             ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", StatusCode::FORBIDDEN, false),
             ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
             ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
+            ErrorCode::ResourceExhausted => {
+                ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS, true)
+            }
             ErrorCode::InvalidRequest => ("invalid_request", StatusCode::BAD_REQUEST, false),
             ErrorCode::Unauthenticated => ("unauthenticated", StatusCode::UNAUTHORIZED, false),
             ErrorCode::ForbiddenOrigin => ("forbidden_origin", StatusCode::FORBIDDEN, false),

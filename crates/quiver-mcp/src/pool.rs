@@ -201,7 +201,8 @@ pub struct CallOptions {
     /// The caller, for the server's traffic about the call.
     pub attachment: Option<CallAttachment>,
     /// The caller's session: required by `isolation = "per_session"`
-    /// servers, whose calls then run on the session's own connection.
+    /// servers, whose calls then run on the session's own connection (the
+    /// caller's own: see [`SessionKey`]).
     pub session: Option<SessionKey>,
 }
 
@@ -564,7 +565,7 @@ impl McpPool {
             || {
                 metrics::gauge!("mcp_session_connections", "server_id" => server_id.clone())
                     .increment(1.0);
-                tracing::info!(server_id = %server_id, task = %session.task, "per-session connection leased");
+                tracing::info!(server_id = %server_id, task = %session.task, caller = %session.caller, "per-session connection leased");
                 let entry = Entry::new(server.clone(), &self.inner.options);
                 entry.lease.store(true, Ordering::Relaxed);
                 Arc::new(entry)
@@ -576,9 +577,9 @@ impl McpPool {
         Ok(lease)
     }
 
-    /// Ends the per-session connections of `session` (every server): calls
-    /// in flight finish, then the processes are ended and reaped. Returns
-    /// how many there were.
+    /// Ends the per-session connections of `session` (every server; only
+    /// that caller's session of that kind): calls in flight finish, then
+    /// the processes are ended and reaped. Returns how many there were.
     pub fn end_session(&self, session: &SessionKey) -> usize {
         let ended = self.inner.leases.remove_where(|_, key, _| key == session);
         let count = ended.len();

@@ -13,6 +13,7 @@ mod parse;
 pub mod pattern;
 pub mod policy;
 mod record;
+pub mod resource_uri;
 mod stored;
 pub mod token;
 pub mod tool_search;

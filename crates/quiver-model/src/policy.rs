@@ -33,6 +33,7 @@ use crate::naming::{
 };
 use crate::pattern::{PatternError, PatternSet};
 use crate::record::McpServerSpec;
+use crate::resource_uri::{ResourcePatterns, UriRefusal};
 use crate::tool_search::{ToolSearchError, ToolSearchSetting};
 use crate::validate::is_valid_server_id;
 
@@ -126,12 +127,14 @@ impl ServerToolFilter {
 ///
 /// Resource patterns match the whole URI as the server lists it and prompt
 /// patterns the prompt name, both case-sensitively, with the syntax of
-/// [`crate::pattern`] (`*` matches any substring, `/` included). An empty
-/// list allows nothing. This is the only layer for resources and prompts;
-/// whether the server itself may be used is [`server_selected`]'s decision.
+/// [`crate::pattern`] (`*` matches any substring, `/` included). A URI with
+/// a dot segment, control character, backslash or malformed encoding is
+/// refused before matching ([`crate::resource_uri`]). An empty list allows
+/// nothing. This is the only layer for resources and prompts; whether the
+/// server itself may be used is [`server_selected`]'s decision.
 #[derive(Debug, Clone)]
 pub struct ServerContentFilter {
-    resources: PatternSet,
+    resources: ResourcePatterns,
     prompts: PatternSet,
 }
 
@@ -140,7 +143,7 @@ impl ServerContentFilter {
     /// only fails for a record that skipped validation.
     pub fn new(spec: &McpServerSpec) -> Result<Self, PatternError> {
         Ok(ServerContentFilter {
-            resources: PatternSet::new(&spec.allowed_resources)?,
+            resources: ResourcePatterns::new(&spec.allowed_resources)?,
             prompts: PatternSet::new(&spec.allowed_prompts)?,
         })
     }
@@ -148,6 +151,12 @@ impl ServerContentFilter {
     /// Whether the resource at `uri` may be listed and read.
     pub fn allows_resource(&self, uri: &str) -> bool {
         self.resources.matches(uri)
+    }
+
+    /// Why `uri` is refused whatever `allowed_resources` says
+    /// ([`crate::resource_uri::check`]), or whether a pattern allows it.
+    pub fn judge_resource(&self, uri: &str) -> Result<bool, UriRefusal> {
+        self.resources.judge(uri)
     }
 
     /// Whether the prompt `name` may be listed and got.
@@ -1050,6 +1059,18 @@ mod tests {
         ] {
             assert!(!filter.allows_resource(uri), "{uri}");
         }
+        // Dot segments are refused before the patterns are asked.
+        let data = content(&["file:///data/*"], &[]);
+        for uri in [
+            "file:///data/../secret/key.txt",
+            "file:///data/%2e%2e/secret/key.txt",
+            "file:///data/..%2fsecret/key.txt",
+        ] {
+            assert!(!data.allows_resource(uri), "{uri}");
+            assert_eq!(data.judge_resource(uri), Err(UriRefusal::DotSegment));
+        }
+        assert_eq!(data.judge_resource("file:///data/key.txt"), Ok(true));
+        assert_eq!(data.judge_resource("file:///etc/key.txt"), Ok(false));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use tonic::transport::Channel;
 use crate::v1::mcp_approval_service_client::McpApprovalServiceClient;
 use crate::v1::mcp_o_auth_service_client::McpOAuthServiceClient;
 use crate::v1::mcp_registry_service_client::McpRegistryServiceClient;
+use crate::v1::mcp_session_service_client::McpSessionServiceClient;
 
 /// Metadata key naming the person or system behind a write (audit).
 pub const ACTOR_METADATA: &str = "x-quiver-actor";
@@ -22,6 +23,10 @@ pub type ApprovalClient = McpApprovalServiceClient<InterceptedService<Channel, C
 
 /// An OAuth token client (docs/reference.md §13.6) with its credentials attached.
 pub type OAuthClient = McpOAuthServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// A gateway-session revocation client (docs/reference.md §13.4) with its
+/// credentials attached.
+pub type SessionClient = McpSessionServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// A token or actor that cannot be sent as header text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +74,11 @@ impl Credentials {
     /// An OAuth token client over `channel` sending these credentials.
     pub fn oauth_client(self, channel: Channel) -> OAuthClient {
         McpOAuthServiceClient::with_interceptor(channel, self)
+    }
+
+    /// A gateway-session revocation client over `channel` sending these credentials.
+    pub fn session_client(self, channel: Channel) -> SessionClient {
+        McpSessionServiceClient::with_interceptor(channel, self)
     }
 }
 

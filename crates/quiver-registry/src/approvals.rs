@@ -25,6 +25,7 @@ use quiver_store::{DecideOutcome, NewApproval};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::auth::Role;
 use crate::error::RegistryError;
 use crate::rest::{Params, http_identity};
 use crate::state::RegistryState;
@@ -38,6 +39,23 @@ pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
 
 /// Longest approver note, in characters.
 pub const MAX_NOTE_CHARS: usize = 1000;
+
+/// Pending approvals one caller may have when the registry is not told
+/// otherwise (`--max-pending-approvals`).
+pub const DEFAULT_MAX_PENDING_PER_CALLER: u32 = 100;
+
+/// How long denied, used and expired approvals are kept after their expiry
+/// when the registry is not told otherwise (`--approval-retention-secs`).
+pub const DEFAULT_APPROVAL_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Finished approvals one purge statement deletes, and statements per sweep.
+const PURGE_BATCH: u32 = 1000;
+const PURGE_BATCHES_PER_SWEEP: u32 = 10;
+
+/// Arguments (as masked JSON text) longer than this are summarised in
+/// lists: a preview of this many bytes, their size and hash; `GET` of one
+/// approval shows them whole.
+pub const LIST_ARGUMENTS_BYTES: usize = 4096;
 
 /// Approvals a list returns when the caller names no limit, and at most.
 const LIST_DEFAULT_LIMIT: u32 = 200;
@@ -56,6 +74,12 @@ pub struct ApprovalRequest {
 }
 
 fn audit(approval: &Approval, action: &'static str, actor: &str) {
+    audit_via(approval, action, actor, "");
+}
+
+/// One audit line; `via` says through what the actor came (the worker's
+/// id, or the client's `x-quiver-actor` note), empty when nothing.
+fn audit_via(approval: &Approval, action: &'static str, actor: &str, via: &str) {
     metrics::counter!("quiver_approvals_total", "state" => approval.state.as_str()).increment(1);
     tracing::info!(
         target: "quiver::audit",
@@ -66,8 +90,24 @@ fn audit(approval: &Approval, action: &'static str, actor: &str) {
         tool = %approval.binding.tool,
         record_revision = approval.binding.record_revision,
         actor = %actor,
+        via = %via,
         "approval"
     );
+}
+
+/// Who a worker says asks for (or uses) an approval: the caller's principal
+/// it sent (`token:<tag>`), else the credential's role name (a worker that
+/// sends none: all its callers are one). Checked like a name.
+pub fn caller_principal(
+    field: &str,
+    supplied: &str,
+    role: crate::auth::Role,
+) -> Result<String, RegistryError> {
+    if supplied.is_empty() {
+        return Ok(role.as_str().to_owned());
+    }
+    check_name(field, supplied)?;
+    Ok(supplied.to_owned())
 }
 
 fn check_name(field: &str, value: &str) -> Result<(), RegistryError> {
@@ -90,10 +130,15 @@ fn not_found(approval_id: &str) -> RegistryError {
 impl RegistryState {
     /// Stores a pending approval for one call; refuses malformed input and
     /// an `arguments_hash` that is not the canonical hash of the arguments.
+    /// An identical pending request of the same caller (same binding)
+    /// answers with that approval; a caller with
+    /// [`RegistryState::approval_max_pending`] pending approvals is refused
+    /// (`resource_exhausted`). `via` (the worker's id) is audited.
     pub async fn request_approval(
         &self,
         request: ApprovalRequest,
         requested_by: &str,
+        via: &str,
     ) -> Result<Approval, RegistryError> {
         let binding = request.binding;
         check_name("task", &binding.task)?;
@@ -125,17 +170,32 @@ impl RegistryState {
         }
         let ttl = chrono::Duration::from_std(self.approval_ttl())
             .map_err(|err| RegistryError::Internal(format!("approval ttl: {err}")))?;
-        let approval = self
+        // A pending approval past its expiry no longer counts or merges.
+        self.expire_approvals().await?;
+        let requested = self
             .store
             .create_approval(NewApproval {
                 binding,
                 arguments,
                 requested_by: requested_by.to_owned(),
                 ttl,
+                max_pending: self.approval_max_pending(),
             })
-            .await?;
-        audit(&approval, "approval_requested", requested_by);
-        Ok(approval)
+            .await
+            .inspect_err(|err| {
+                if matches!(err, quiver_store::StoreError::Limit(_)) {
+                    metrics::counter!("quiver_approval_request_refusals_total",
+                        "reason" => "max_pending")
+                    .increment(1);
+                }
+            })?;
+        let action = if requested.merged {
+            "approval_request_merged"
+        } else {
+            "approval_requested"
+        };
+        audit_via(&requested.approval, action, requested_by, via);
+        Ok(requested.approval)
     }
 
     /// Marks approvals past their expiry `expired`, auditing each once.
@@ -144,6 +204,28 @@ impl RegistryState {
             audit(&approval, "approval_expired", "registry");
         }
         Ok(())
+    }
+
+    /// Deletes denied, used and expired approvals whose expiry is older
+    /// than the retention, in bounded batches; returns how many.
+    pub async fn purge_approvals(&self) -> Result<u64, RegistryError> {
+        let retention = chrono::Duration::from_std(self.approval_retention())
+            .map_err(|err| RegistryError::Internal(format!("approval retention: {err}")))?;
+        let before = chrono::Utc::now() - retention;
+        let mut purged = 0;
+        for _ in 0..PURGE_BATCHES_PER_SWEEP {
+            let deleted = self.store.purge_approvals(before, PURGE_BATCH).await?;
+            purged += deleted;
+            if deleted < u64::from(PURGE_BATCH) {
+                break;
+            }
+        }
+        if purged > 0 {
+            metrics::counter!("quiver_approvals_purged_total").increment(purged);
+            tracing::info!(target: "quiver::audit", action = "approvals_purged", count = purged,
+                "approval");
+        }
+        Ok(purged)
     }
 
     /// One approval, or NOT_FOUND.
@@ -167,11 +249,14 @@ impl RegistryState {
 
     /// Approves or denies a pending approval; NOT_FOUND or
     /// `approval_not_pending` (409) otherwise.
+    /// `decided_by` is the authenticated credential; `via` a display note
+    /// (the client's `x-quiver-actor`), audited only.
     pub async fn decide_approval(
         &self,
         approval_id: &str,
         decision: ApprovalDecision,
         decided_by: &str,
+        via: &str,
         note: Option<String>,
     ) -> Result<Approval, RegistryError> {
         self.expire_approvals().await?;
@@ -185,7 +270,7 @@ impl RegistryState {
                     ApprovalDecision::Approve => "approval_approved",
                     ApprovalDecision::Deny => "approval_denied",
                 };
-                audit(&approval, action, decided_by);
+                audit_via(&approval, action, decided_by, via);
                 Ok(approval)
             }
             DecideOutcome::NotFound => Err(not_found(approval_id)),
@@ -199,15 +284,20 @@ impl RegistryState {
     /// Uses an approval for one call: exactly one use of an approved,
     /// unexpired approval bound to exactly this call gets
     /// [`UseOutcome::Used`]; refusals are outcomes, not errors.
+    /// `used_by` is the caller the worker ran the call for, `via` the
+    /// worker's id (audited).
     pub async fn use_approval(
         &self,
         approval_id: &str,
         call: &ApprovalBinding,
         used_by: &str,
+        via: &str,
     ) -> Result<(UseOutcome, Option<Approval>), RegistryError> {
         let (outcome, approval) = self.store.use_approval(approval_id, call, used_by).await?;
         match (&outcome, &approval) {
-            (UseOutcome::Used, Some(approval)) => audit(approval, "approval_used", used_by),
+            (UseOutcome::Used, Some(approval)) => {
+                audit_via(approval, "approval_used", used_by, via);
+            }
             // The store saw it past its expiry: mark (and audit) it now.
             (UseOutcome::Expired, _) => self.expire_approvals().await?,
             _ => {}
@@ -227,9 +317,13 @@ pub fn router() -> Router<RegistryState> {
         .route("/approvals/{id}", get(show).post(decide))
 }
 
-/// A caller of the approvals API: the admin or the approver token.
+/// A caller of the approvals API: the admin or the approver token. Who
+/// decides is the authenticated credential (`decided_by`: `approver` or
+/// `admin`); the client's `x-quiver-actor` header is only a display note in
+/// the audit line, never the identity.
 struct Approver {
-    actor: String,
+    role: Role,
+    note: String,
 }
 
 impl FromRequestParts<RegistryState> for Approver {
@@ -239,9 +333,16 @@ impl FromRequestParts<RegistryState> for Approver {
         parts: &mut Parts,
         state: &RegistryState,
     ) -> Result<Self, Self::Rejection> {
-        let (role, actor) = http_identity(parts, state)?;
+        let (role, _) = http_identity(parts, state)?;
         role.require_approver()?;
-        Ok(Approver { actor })
+        let note = crate::state::actor_name(
+            parts
+                .headers
+                .get(crate::rest::ACTOR_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            "",
+        );
+        Ok(Approver { role, note })
     }
 }
 
@@ -250,6 +351,28 @@ impl FromRequestParts<RegistryState> for Approver {
 pub fn presented(approval: &Approval) -> Value {
     let mut body = json!(approval);
     body["arguments"] = masked_arguments(&approval.arguments);
+    body
+}
+
+/// An approval as a list shows it: like [`presented`], but arguments whose
+/// masked JSON is over [`LIST_ARGUMENTS_BYTES`] are summarised:
+/// `arguments` null, `arguments_preview` (their first bytes, cut at a
+/// character boundary), `arguments_bytes` and the `arguments_hash` every
+/// approval carries; `arguments_truncated` says which.
+pub fn listed(approval: &Approval) -> Value {
+    let mut body = presented(approval);
+    let text = body["arguments"].to_string();
+    let truncated = text.len() > LIST_ARGUMENTS_BYTES;
+    if truncated {
+        let mut end = LIST_ARGUMENTS_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        body["arguments"] = Value::Null;
+        body["arguments_preview"] = json!(&text[..end]);
+        body["arguments_bytes"] = json!(text.len());
+    }
+    body["arguments_truncated"] = json!(truncated);
     body
 }
 
@@ -283,7 +406,7 @@ async fn list(
 ) -> Result<Response, RegistryError> {
     let (filter, limit) = list_query(&query)?;
     let approvals = state.approvals(filter, limit).await?;
-    let approvals: Vec<Value> = approvals.iter().map(presented).collect();
+    let approvals: Vec<Value> = approvals.iter().map(listed).collect();
     Ok(axum::Json(json!({"approvals": approvals})).into_response())
 }
 
@@ -326,7 +449,7 @@ async fn decide(
         ));
     }
     let approval = state
-        .decide_approval(&id, body.decision, &caller.actor, note)
+        .decide_approval(&id, body.decision, caller.role.as_str(), &caller.note, note)
         .await?;
     Ok(axum::Json(presented(&approval)).into_response())
 }

@@ -362,16 +362,28 @@ impl GrpcApprovalService {
         }
     }
 
-    /// Checks the worker (or admin) credential; returns who acts (audit).
-    fn principal<T>(&self, request: &Request<T>) -> Result<String, RegistryError> {
+    /// Checks the worker (or admin) credential; returns its role and the
+    /// worker's id it names (`x-quiver-actor`, audit only).
+    fn credential<T>(&self, request: &Request<T>) -> Result<(Role, String), RegistryError> {
         let role = self.inner.role(request, Role::Worker)?;
-        Ok(crate::state::actor_name(
+        let via = crate::state::actor_name(
             request
                 .metadata()
                 .get(ACTOR_METADATA)
                 .and_then(|value| value.to_str().ok()),
-            role.as_str(),
-        ))
+            "",
+        );
+        Ok((role, via))
+    }
+}
+
+/// The worker's id: the one in the request, else its `x-quiver-actor`.
+fn worker_of(sent: &str, metadata_actor: String) -> String {
+    let sent = crate::state::actor_name(Some(sent), "");
+    if sent.is_empty() {
+        metadata_actor
+    } else {
+        sent
     }
 }
 
@@ -381,8 +393,11 @@ impl McpApprovalService for GrpcApprovalService {
         &self,
         request: Request<pb::RequestApprovalRequest>,
     ) -> Result<Response<pb::RequestApprovalResponse>, Status> {
-        let actor = self.principal(&request)?;
+        let (role, actor) = self.credential(&request)?;
         let body = request.into_inner();
+        let requested_by =
+            crate::approvals::caller_principal("requested_by", &body.requested_by, role)?;
+        let via = worker_of(&body.worker_id, actor);
         let approval = self
             .inner
             .state
@@ -397,7 +412,8 @@ impl McpApprovalService for GrpcApprovalService {
                     },
                     arguments_json: body.arguments_json,
                 },
-                &actor,
+                &requested_by,
+                &via,
             )
             .await?;
         Ok(Response::new(pb::RequestApprovalResponse {
@@ -409,8 +425,10 @@ impl McpApprovalService for GrpcApprovalService {
         &self,
         request: Request<pb::UseApprovalRequest>,
     ) -> Result<Response<pb::UseApprovalResponse>, Status> {
-        let actor = self.principal(&request)?;
+        let (role, actor) = self.credential(&request)?;
         let body = request.into_inner();
+        let used_by = crate::approvals::caller_principal("used_by", &body.used_by, role)?;
+        let via = worker_of(&body.worker_id, actor);
         let call = ApprovalBinding {
             task: body.task,
             server_id: body.server_id,
@@ -421,7 +439,7 @@ impl McpApprovalService for GrpcApprovalService {
         let (outcome, approval) = self
             .inner
             .state
-            .use_approval(&body.approval_id, &call, &actor)
+            .use_approval(&body.approval_id, &call, &used_by, &via)
             .await?;
         let (outcome, mismatch_field) = use_outcome_to(outcome);
         Ok(Response::new(pb::UseApprovalResponse {
@@ -435,7 +453,7 @@ impl McpApprovalService for GrpcApprovalService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::GetApprovalResponse>, Status> {
-        self.principal(&request)?;
+        self.credential(&request)?;
         let approval = self
             .inner
             .state
@@ -473,8 +491,22 @@ impl McpOAuthService for GrpcOAuthService {
         &self,
         request: Request<pb::GetAccessTokenRequest>,
     ) -> Result<Response<pb::GetAccessTokenResponse>, Status> {
-        self.inner.role(&request, Role::Worker)?;
+        let role = self.inner.role(&request, Role::Worker)?;
+        let metadata_actor = crate::state::actor_name(
+            request
+                .metadata()
+                .get(ACTOR_METADATA)
+                .and_then(|value| value.to_str().ok()),
+            "",
+        );
         let body = request.into_inner();
+        // Who asks: the credential's role and the worker's id it names.
+        let worker = worker_of(&body.worker_id, metadata_actor);
+        let actor = if worker.is_empty() {
+            role.as_str().to_owned()
+        } else {
+            format!("{}:{worker}", role.as_str())
+        };
         crate::oauth::spec::check_name(&body.auth_ref).map_err(|_| {
             RegistryError::invalid(
                 "auth_ref",
@@ -500,7 +532,7 @@ impl McpOAuthService for GrpcOAuthService {
             .inner
             .state
             .oauth
-            .access_token(&body.auth_ref, renewal)
+            .access_token_for(&body.auth_ref, renewal, &actor)
             .await?;
         Ok(Response::new(pb::GetAccessTokenResponse {
             access_token: token.access_token,

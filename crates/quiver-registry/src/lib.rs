@@ -12,6 +12,7 @@ pub mod oauth;
 pub mod preview;
 pub mod rest;
 mod server;
+pub mod sessions;
 pub mod state;
 pub mod web;
 pub mod workers;

@@ -245,6 +245,10 @@ fn flag(query: &HashMap<String, String>, name: &str, default: bool) -> Result<bo
     }
 }
 
+/// A caller of the record routes: the worker token (reads) or the admin
+/// token. The approver token reaches only the approvals routes (their own
+/// extractor, `crate::approvals`) and `whoami` ([`AnyRole`]): which
+/// extractor a handler takes decides, never the request's path.
 impl FromRequestParts<RegistryState> for Caller {
     type Rejection = RegistryError;
 
@@ -253,14 +257,28 @@ impl FromRequestParts<RegistryState> for Caller {
         state: &RegistryState,
     ) -> Result<Self, Self::Rejection> {
         let (role, actor) = http_identity(parts, state)?;
-        // The approver token reaches the approvals routes only (their own
-        // extractor) and `whoami`, which the web admin signs in with.
-        if role == Role::Approver && !parts.uri.path().ends_with("/whoami") {
+        if role == Role::Approver {
             return Err(RegistryError::PermissionDenied(
                 "the approver token may only read and decide approvals".into(),
             ));
         }
         Ok(Caller { role, actor })
+    }
+}
+
+/// Any authenticated caller, the approver token included: the extractor of
+/// `whoami`, which the web admin signs in with.
+pub(crate) struct AnyRole(Role);
+
+impl FromRequestParts<RegistryState> for AnyRole {
+    type Rejection = RegistryError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &RegistryState,
+    ) -> Result<Self, Self::Rejection> {
+        let (role, _) = http_identity(parts, state)?;
+        Ok(AnyRole(role))
     }
 }
 
@@ -335,8 +353,8 @@ fn upsert_response(outcome: UpsertOutcome, masked: bool) -> Response {
     with_etag(status, server.revision, body)
 }
 
-async fn whoami(caller: Caller) -> Response {
-    axum::Json(json!({"role": caller.role.as_str()})).into_response()
+async fn whoami(AnyRole(role): AnyRole) -> Response {
+    axum::Json(json!({"role": role.as_str()})).into_response()
 }
 
 async fn list_servers(

@@ -16,6 +16,7 @@ use quiver_listen::{Connections, Listener, ListenerOptions};
 use quiver_proto::v1::mcp_approval_service_server::McpApprovalServiceServer;
 use quiver_proto::v1::mcp_o_auth_service_server::McpOAuthServiceServer;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
+use quiver_proto::v1::mcp_session_service_server::McpSessionServiceServer;
 use quiver_store::Store;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -101,6 +102,12 @@ pub struct ApprovalOptions {
     pub approver_token: Option<String>,
     /// How long an approval waits for its decision and then its use.
     pub ttl: Duration,
+    /// The most pending approvals one caller (`requested_by`) may have;
+    /// beyond, requests are refused with `resource_exhausted`.
+    pub max_pending_per_caller: u32,
+    /// How long denied, used and expired approvals are kept after their
+    /// expiry before the sweep deletes them.
+    pub retention: Duration,
 }
 
 impl Default for ApprovalOptions {
@@ -108,6 +115,8 @@ impl Default for ApprovalOptions {
         ApprovalOptions {
             approver_token: None,
             ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
+            max_pending_per_caller: crate::approvals::DEFAULT_MAX_PENDING_PER_CALLER,
+            retention: crate::approvals::DEFAULT_APPROVAL_RETENTION,
         }
     }
 }
@@ -120,6 +129,8 @@ impl std::fmt::Debug for ApprovalOptions {
                 &self.approver_token.as_ref().map(|_| "<set>"),
             )
             .field("ttl", &self.ttl)
+            .field("max_pending_per_caller", &self.max_pending_per_caller)
+            .field("retention", &self.retention)
             .finish()
     }
 }
@@ -218,13 +229,19 @@ impl Registry {
                 std::process::id(),
                 rand::random::<u32>()
             ),
-        );
+        )
+        .with_egress(options.preview_egress.clone())
+        .map_err(|err| ServeError::Serve(format!("oauth broker: {err}")))?;
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
             .with_oauth(oauth)
             .with_preview_env(options.preview_env.clone())
             .with_preview_egress(options.preview_egress.clone())
             .with_worker_board(options.workers.clone())
-            .with_approval_ttl(options.approvals.ttl);
+            .with_approval_ttl(options.approvals.ttl)
+            .with_approval_limits(
+                options.approvals.max_pending_per_caller,
+                options.approvals.retention,
+            );
         if state.has_mcp_dir() {
             state.rescan().await?;
         }
@@ -310,7 +327,10 @@ impl Registry {
             )))
             .add_service(McpOAuthServiceServer::new(GrpcOAuthService::new(
                 state.clone(),
-            )));
+            )))
+            .add_service(McpSessionServiceServer::new(
+                crate::sessions::GrpcSessionService::new(state.clone()),
+            ));
         let tls = options
             .tls
             .as_ref()
@@ -451,11 +471,17 @@ async fn compact_periodically(store: Arc<dyn Store>, retention: u64, shutdown: C
 }
 
 /// How often approvals past their expiry are marked `expired` even when
-/// nobody reads them, so the audit line and metric come close to the time.
+/// nobody reads them, so the audit line and metric come close to the time;
+/// the same sweep purges finished approvals past their retention. A
+/// retention shorter than this sweeps as often as the retention (at least
+/// once a second).
 const APPROVAL_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 async fn expire_approvals_periodically(state: RegistryState, shutdown: CancellationToken) {
-    let mut timer = tokio::time::interval(APPROVAL_SWEEP_INTERVAL);
+    let every = APPROVAL_SWEEP_INTERVAL
+        .min(state.approval_retention())
+        .max(Duration::from_secs(1));
+    let mut timer = tokio::time::interval(every);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -463,6 +489,9 @@ async fn expire_approvals_periodically(state: RegistryState, shutdown: Cancellat
         }
         if let Err(err) = state.expire_approvals().await {
             tracing::warn!(error = %err, "marking expired approvals failed");
+        }
+        if let Err(err) = state.purge_approvals().await {
+            tracing::warn!(error = %err, "purging finished approvals failed");
         }
     }
 }

@@ -232,6 +232,8 @@ pub struct RegistryState {
     preview_env: PreviewEnv,
     preview_egress: quiver_mcp::egress::EgressPolicy,
     approval_ttl: Duration,
+    approval_max_pending: u32,
+    approval_retention: Duration,
     /// OAuth connections and their tokens (docs/reference.md §13.6).
     pub oauth: OAuthBroker,
 }
@@ -281,6 +283,8 @@ impl RegistryState {
             preview_env: PreviewEnv::default(),
             preview_egress: quiver_mcp::egress::EgressPolicy::default(),
             approval_ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
+            approval_max_pending: crate::approvals::DEFAULT_MAX_PENDING_PER_CALLER,
+            approval_retention: crate::approvals::DEFAULT_APPROVAL_RETENTION,
             oauth: OAuthBroker::new(store, None, String::new(), String::new()),
         }
     }
@@ -302,6 +306,24 @@ impl RegistryState {
     /// How long an approval waits for its decision and its use.
     pub fn approval_ttl(&self) -> Duration {
         self.approval_ttl
+    }
+
+    /// The same state with another cap of pending approvals per caller
+    /// and retention of finished ones (`ApprovalOptions`).
+    pub fn with_approval_limits(mut self, max_pending: u32, retention: Duration) -> Self {
+        self.approval_max_pending = max_pending;
+        self.approval_retention = retention;
+        self
+    }
+
+    /// The most pending approvals one caller may have.
+    pub fn approval_max_pending(&self) -> u32 {
+        self.approval_max_pending
+    }
+
+    /// How long finished approvals are kept after their expiry.
+    pub fn approval_retention(&self) -> Duration {
+        self.approval_retention
     }
 
     /// The same state with other bounds on the worker board.

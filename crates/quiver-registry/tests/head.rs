@@ -20,8 +20,8 @@ use quiver_proto::credentials::Credentials;
 use quiver_proto::v1 as pb;
 use quiver_registry::Registry;
 use quiver_store::{
-    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, Snapshot, SqlStore,
-    Store, StoreError, UpsertOutcome, UpsertRequest,
+    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, RequestedApproval,
+    Snapshot, SqlStore, Store, StoreError, UpsertOutcome, UpsertRequest,
 };
 use quiver_testkit::postgres::TestDatabase;
 use quiver_testkit::registry::test_options;
@@ -248,8 +248,15 @@ impl Store for CountingStore {
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.subscribe()
     }
-    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError> {
+    async fn create_approval(&self, request: NewApproval) -> Result<RequestedApproval, StoreError> {
         self.inner.create_approval(request).await
+    }
+    async fn purge_approvals(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_approvals(before, limit).await
     }
     async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError> {
         self.inner.get_approval(approval_id).await
@@ -345,11 +352,32 @@ impl Store for CountingStore {
     ) -> Result<(), StoreError> {
         self.inner.create_oauth_authorization(row).await
     }
+    async fn get_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<quiver_store::OAuthAuthorizationRow>, StoreError> {
+        self.inner.get_oauth_authorization(state).await
+    }
     async fn take_oauth_authorization(
         &self,
         state: &str,
     ) -> Result<Option<quiver_store::OAuthAuthorizationRow>, StoreError> {
         self.inner.take_oauth_authorization(state).await
+    }
+    async fn revoke_gateway_session(
+        &self,
+        session_sha256: &str,
+        expires_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .revoke_gateway_session(session_sha256, expires_at)
+            .await
+    }
+    async fn gateway_session_revocation(
+        &self,
+        session_sha256: &str,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
+        self.inner.gateway_session_revocation(session_sha256).await
     }
 }
 

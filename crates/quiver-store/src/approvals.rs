@@ -15,18 +15,40 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::sql::SqlStore;
-use crate::{DecideOutcome, NewApproval, StoreError};
+use crate::{DecideOutcome, NewApproval, RequestedApproval, StoreError};
 
 const COLUMNS: &str = "approval_id, state, task, server_id, tool, arguments, arguments_hash, \
      record_revision, requested_by, requested_at_ms, expires_at_ms, decided_by, decided_at_ms, \
      note, used_at_ms, used_by";
 
+/// Inserts a pending approval unless `requested_by` ($8) already has
+/// $11 or more pending ones, or an identical one is pending (the unique
+/// index `approvals_pending_call`: nothing inserted, no error).
 fn insert_sql() -> String {
     format!(
-        "INSERT INTO approvals ({COLUMNS}) VALUES \
-         ($1, 'pending', $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, NULL, NULL, NULL, NULL)"
+        "INSERT INTO approvals ({COLUMNS}) \
+         SELECT $1, 'pending', $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, NULL, NULL, NULL, NULL \
+         WHERE (SELECT COUNT(*) FROM approvals WHERE requested_by = $8 AND state = 'pending') < $11 \
+         ON CONFLICT DO NOTHING"
     )
 }
+
+/// The pending approval of an identical request: $1 requested_by, then the
+/// binding ($2 task, $3 server_id, $4 tool, $5 arguments_hash, $6
+/// record_revision).
+fn pending_same_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM approvals WHERE state = 'pending' AND requested_by = $1 \
+         AND task = $2 AND server_id = $3 AND tool = $4 AND arguments_hash = $5 \
+         AND record_revision = $6"
+    )
+}
+
+/// Decided, used and expired approvals whose expiry is before $1, at most
+/// $2 of them, oldest first.
+const PURGE_SQL: &str = "DELETE FROM approvals WHERE approval_id IN (\
+     SELECT approval_id FROM approvals WHERE state IN ('denied', 'used', 'expired') \
+     AND expires_at_ms < $1 ORDER BY expires_at_ms LIMIT $2)";
 
 fn select_one_sql() -> String {
     format!("SELECT {COLUMNS} FROM approvals WHERE approval_id = $1")
@@ -160,12 +182,18 @@ impl SqlStore {
     pub(crate) async fn approvals_create(
         &self,
         request: NewApproval,
-    ) -> Result<Approval, StoreError> {
+    ) -> Result<RequestedApproval, StoreError> {
+        if let Some(approval) = self.approvals_pending_same(&request).await? {
+            return Ok(RequestedApproval {
+                approval,
+                merged: true,
+            });
+        }
         let arguments = serde_json::to_string(&request.arguments)
             .map_err(|err| StoreError::Corrupt(format!("approval arguments to json: {err}")))?;
         let now = Utc::now();
         let approval_id = new_approval_id();
-        sqlx::query(sqlx::AssertSqlSafe(insert_sql()))
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(insert_sql()))
             .bind(approval_id.clone())
             .bind(request.binding.task.clone())
             .bind(request.binding.server_id.clone())
@@ -176,11 +204,62 @@ impl SqlStore {
             .bind(request.requested_by.clone())
             .bind(millis(now))
             .bind(millis(now + request.ttl))
+            .bind(i64::from(request.max_pending))
             .execute(self.pool())
-            .await?;
-        self.approvals_get(&approval_id)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("approval {approval_id} vanished")))
+            .rows_affected();
+        if inserted == 0 {
+            // An identical request won the race, or the cap is reached.
+            if let Some(approval) = self.approvals_pending_same(&request).await? {
+                return Ok(RequestedApproval {
+                    approval,
+                    merged: true,
+                });
+            }
+            return Err(StoreError::Limit(format!(
+                "requested_by {:?} already has {} pending approvals, the most one caller may \
+                 have (max_pending_approvals): wait for decisions or expiry",
+                request.requested_by, request.max_pending
+            )));
+        }
+        let approval = self
+            .approvals_get(&approval_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("approval {approval_id} vanished")))?;
+        Ok(RequestedApproval {
+            approval,
+            merged: false,
+        })
+    }
+
+    async fn approvals_pending_same(
+        &self,
+        request: &NewApproval,
+    ) -> Result<Option<Approval>, StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(pending_same_sql()))
+            .bind(request.requested_by.clone())
+            .bind(request.binding.task.clone())
+            .bind(request.binding.server_id.clone())
+            .bind(request.binding.tool.clone())
+            .bind(request.binding.arguments_hash.clone())
+            .bind(revision_param(request.binding.record_revision)?)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| approval_from_row(&row))
+            .transpose()
+    }
+
+    pub(crate) async fn approvals_purge(
+        &self,
+        before: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(PURGE_SQL)
+            .bind(millis(before))
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await?
+            .rows_affected())
     }
 
     pub(crate) async fn approvals_get(

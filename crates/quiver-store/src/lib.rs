@@ -27,6 +27,7 @@ use tokio::sync::watch;
 mod approvals;
 mod oauth;
 mod postgres;
+mod sessions;
 mod sql;
 mod sqlite;
 
@@ -41,6 +42,10 @@ pub const MAX_REVISION: u64 = i64::MAX as u64;
 /// At most this many unexpired OAuth authorizations may be pending at once
 /// ([`Store::create_oauth_authorization`]).
 pub const MAX_PENDING_OAUTH_AUTHORIZATIONS: u64 = 1_000;
+
+/// At most this many unexpired gateway session revocations are remembered
+/// at once ([`Store::revoke_gateway_session`]).
+pub const MAX_GATEWAY_SESSION_REVOCATIONS: u64 = 100_000;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +216,19 @@ pub struct NewApproval {
     pub requested_by: String,
     /// How long it may wait for a decision and then for its use.
     pub ttl: chrono::Duration,
+    /// The most pending approvals one `requested_by` may have; a request
+    /// beyond is refused with [`StoreError::Limit`] naming it.
+    pub max_pending: u32,
+}
+
+/// What a request for an approval did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedApproval {
+    /// The approval the request is answered with.
+    pub approval: Approval,
+    /// `true` when an identical pending request (same `requested_by` and
+    /// binding) already existed: this is that one, nothing was stored.
+    pub merged: bool,
 }
 
 /// What a decision on an approval did.
@@ -342,6 +360,10 @@ pub struct OAuthAuthorizationRow {
     pub created_at: DateTime<Utc>,
     /// When the flow expires.
     pub expires_at: DateTime<Utc>,
+    /// Lowercase hex SHA-256 of the nonce cookie set in the browser that
+    /// started the flow; its callback must present that cookie. Empty for
+    /// flows stored before browsers were bound (they match no cookie).
+    pub browser_hash: String,
 }
 
 impl std::fmt::Debug for OAuthAuthorizationRow {
@@ -435,8 +457,19 @@ pub trait Store: Send + Sync + 'static {
     /// a change commits here or, for shared databases, in another process.
     fn subscribe(&self) -> watch::Receiver<u64>;
 
-    /// Stores a new pending approval expiring `ttl` from now.
-    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError>;
+    /// Stores a new pending approval expiring `ttl` from now, or answers
+    /// with the pending approval of an identical request (same
+    /// `requested_by` and binding; one atomic insert, so racing identical
+    /// requests get one id). Refused with [`StoreError::Limit`] when
+    /// `requested_by` already has `max_pending` pending approvals.
+    async fn create_approval(&self, request: NewApproval) -> Result<RequestedApproval, StoreError>;
+    /// Deletes at most `limit` approvals that are denied, used or expired
+    /// and whose expiry is before `before`; returns how many.
+    async fn purge_approvals(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
     /// One approval, as stored (an approval past its expiry that no sweep
     /// has marked yet still shows its old state: call [`Store::expire_approvals`] first).
     async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError>;
@@ -533,6 +566,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         row: OAuthAuthorizationRow,
     ) -> Result<(), StoreError>;
+    /// A pending authorization, left in place (the callback checks the
+    /// browser before taking it).
+    async fn get_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<OAuthAuthorizationRow>, StoreError>;
     /// Takes (deletes and returns) a pending authorization: of any number
     /// of concurrent takers, exactly one gets it. Returned even if expired;
     /// the caller checks `expires_at`.
@@ -540,6 +579,23 @@ pub trait Store: Send + Sync + 'static {
         &self,
         state: &str,
     ) -> Result<Option<OAuthAuthorizationRow>, StoreError>;
+
+    /// Remembers a deleted gateway session (by the lowercase hex SHA-256 of
+    /// its inner id) until `expires_at`, after purging expired ones; a
+    /// second call keeps the later expiry. Refused with
+    /// [`StoreError::Limit`] when [`MAX_GATEWAY_SESSION_REVOCATIONS`]
+    /// unexpired ones exist.
+    async fn revoke_gateway_session(
+        &self,
+        session_sha256: &str,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError>;
+    /// Until when a gateway session is remembered as deleted; `None` when it
+    /// is not (or no longer).
+    async fn gateway_session_revocation(
+        &self,
+        session_sha256: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError>;
 }
 
 /// Opens the store a URL names (`sqlite://…` or `postgres://…`), applying migrations.

@@ -30,7 +30,7 @@ const COLUMNS: &str = "name, config, client_secret, credentials, status, expires
      generation, refresh_count, last_error, connected_at_ms, updated_at_ms";
 
 const AUTHORIZATION_COLUMNS: &str =
-    "state, name, generation, payload, created_at_ms, expires_at_ms";
+    "state, name, generation, payload, created_at_ms, expires_at_ms, browser_hash";
 
 /// $1 name, $2 config, $3 client secret (or NULL), $4 now. Returns nothing
 /// when the connection exists.
@@ -119,8 +119,12 @@ const COUNT_AUTHORIZATIONS: &str = "SELECT COUNT(*) FROM oauth_authorizations";
 fn insert_authorization_sql() -> String {
     format!(
         "INSERT INTO oauth_authorizations ({AUTHORIZATION_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7)"
     )
+}
+
+fn get_authorization_sql() -> String {
+    format!("SELECT {AUTHORIZATION_COLUMNS} FROM oauth_authorizations WHERE state = $1")
 }
 
 fn take_authorization_sql() -> String {
@@ -176,6 +180,7 @@ fn authorization_from_row(row: &AnyRow) -> Result<OAuthAuthorizationRow, StoreEr
         payload: row.try_get(3)?,
         created_at: from_millis(row.try_get(4)?)?,
         expires_at: from_millis(row.try_get(5)?)?,
+        browser_hash: row.try_get::<Option<String>, _>(6)?.unwrap_or_default(),
     })
 }
 
@@ -387,10 +392,23 @@ impl SqlStore {
             .bind(row.payload)
             .bind(millis(row.created_at))
             .bind(millis(row.expires_at))
+            .bind(row.browser_hash)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    pub(crate) async fn oauth_get_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(get_authorization_sql()))
+            .bind(state.to_owned())
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| authorization_from_row(&row))
+            .transpose()
     }
 
     pub(crate) async fn oauth_take_authorization(

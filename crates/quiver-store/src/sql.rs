@@ -29,8 +29,8 @@ use quiver_model::approval::{
 
 use crate::{
     DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval,
-    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens, SecretUpdate, Snapshot, Store,
-    StoreError, UpsertOutcome, UpsertRequest,
+    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens, RequestedApproval, SecretUpdate,
+    Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest,
 };
 
 /// The statements that differ between PostgreSQL and SQLite.
@@ -763,8 +763,12 @@ impl Store for SqlStore {
         self.head_tx.subscribe()
     }
 
-    async fn create_approval(&self, request: NewApproval) -> Result<Approval, StoreError> {
+    async fn create_approval(&self, request: NewApproval) -> Result<RequestedApproval, StoreError> {
         self.approvals_create(request).await
+    }
+
+    async fn purge_approvals(&self, before: DateTime<Utc>, limit: u32) -> Result<u64, StoreError> {
+        self.approvals_purge(before, limit).await
     }
 
     async fn get_approval(&self, approval_id: &str) -> Result<Option<Approval>, StoreError> {
@@ -871,10 +875,32 @@ impl Store for SqlStore {
         self.oauth_create_authorization(row).await
     }
 
+    async fn get_oauth_authorization(
+        &self,
+        state: &str,
+    ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
+        self.oauth_get_authorization(state).await
+    }
+
     async fn take_oauth_authorization(
         &self,
         state: &str,
     ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
         self.oauth_take_authorization(state).await
+    }
+
+    async fn revoke_gateway_session(
+        &self,
+        session_sha256: &str,
+        expires_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.sessions_revoke(session_sha256, expires_at).await
+    }
+
+    async fn gateway_session_revocation(
+        &self,
+        session_sha256: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.sessions_revocation(session_sha256).await
     }
 }

@@ -42,11 +42,16 @@ fn request(ttl_ms: i64) -> NewApproval {
         arguments: json!({"path": "/tmp/x", "api_key": "s3cret"}),
         requested_by: "worker".into(),
         ttl: chrono::Duration::milliseconds(ttl_ms),
+        max_pending: 100,
     }
 }
 
 async fn approved(store: &SqlStore) -> String {
-    let created = store.create_approval(request(60_000)).await.unwrap();
+    let created = store
+        .create_approval(request(60_000))
+        .await
+        .unwrap()
+        .approval;
     let outcome = store
         .decide_approval(
             &created.approval_id,
@@ -61,7 +66,11 @@ async fn approved(store: &SqlStore) -> String {
 }
 
 async fn lifecycle(store: Arc<SqlStore>) {
-    let created = store.create_approval(request(60_000)).await.unwrap();
+    let created = store
+        .create_approval(request(60_000))
+        .await
+        .unwrap()
+        .approval;
     assert_eq!(created.state, ApprovalState::Pending);
     assert!(created.approval_id.starts_with("apr_") && created.approval_id.len() == 36);
     assert_eq!(created.binding, binding());
@@ -153,7 +162,11 @@ async fn lifecycle(store: Arc<SqlStore>) {
 }
 
 async fn denial_and_listing(store: Arc<SqlStore>) {
-    let denied = store.create_approval(request(60_000)).await.unwrap();
+    let denied = store
+        .create_approval(request(60_000))
+        .await
+        .unwrap()
+        .approval;
     store
         .decide_approval(&denied.approval_id, ApprovalDecision::Deny, "admin", None)
         .await
@@ -163,7 +176,11 @@ async fn denial_and_listing(store: Arc<SqlStore>) {
         .await
         .unwrap();
     assert_eq!(outcome, UseOutcome::Denied);
-    let pending = store.create_approval(request(60_000)).await.unwrap();
+    let pending = store
+        .create_approval(request(60_000))
+        .await
+        .unwrap()
+        .approval;
     let all = store.list_approvals(None, 100).await.unwrap();
     assert_eq!(all.len(), 2);
     assert_eq!(all[0].approval_id, pending.approval_id, "pending first");
@@ -180,9 +197,13 @@ async fn denial_and_listing(store: Arc<SqlStore>) {
 }
 
 async fn expiry(store: Arc<SqlStore>) {
-    let pending = store.create_approval(request(150)).await.unwrap();
+    let pending = store.create_approval(request(150)).await.unwrap().approval;
     let approved_id = {
-        let created = store.create_approval(request(150)).await.unwrap();
+        let other_caller = NewApproval {
+            requested_by: "worker-2".into(),
+            ..request(150)
+        };
+        let created = store.create_approval(other_caller).await.unwrap().approval;
         store
             .decide_approval(&created.approval_id, ApprovalDecision::Approve, "a", None)
             .await
@@ -237,6 +258,48 @@ async fn used_exactly_once_under_concurrency(store: Arc<SqlStore>) {
     }
 }
 
+/// Finished approvals past `before` are purged, at most `limit` at once;
+/// live ones never.
+async fn purge(store: Arc<SqlStore>) {
+    let denied = store.create_approval(request(100)).await.unwrap().approval;
+    store
+        .decide_approval(&denied.approval_id, ApprovalDecision::Deny, "a", None)
+        .await
+        .unwrap();
+    let other = NewApproval {
+        requested_by: "worker-2".into(),
+        ..request(100)
+    };
+    let expired = store.create_approval(other).await.unwrap().approval;
+    let live = NewApproval {
+        requested_by: "worker-3".into(),
+        ..request(60_000)
+    };
+    let live = store.create_approval(live).await.unwrap().approval;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    store.expire_approvals().await.unwrap();
+    let now = chrono::Utc::now();
+    assert_eq!(store.purge_approvals(now, 1).await.unwrap(), 1, "bounded");
+    assert_eq!(store.purge_approvals(now, 10).await.unwrap(), 1);
+    assert_eq!(store.purge_approvals(now, 10).await.unwrap(), 0);
+    for gone in [&denied, &expired] {
+        assert!(
+            store
+                .get_approval(&gone.approval_id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    assert!(
+        store
+            .get_approval(&live.approval_id)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
 async fn futures_join(
     handles: impl Iterator<Item = tokio::task::JoinHandle<UseOutcome>>,
 ) -> Vec<UseOutcome> {
@@ -264,6 +327,6 @@ macro_rules! suite {
 }
 
 suite! {
-    sqlite: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency;
-    postgres: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency;
+    sqlite: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency, purge;
+    postgres: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency, purge;
 }

@@ -49,6 +49,7 @@ fn authorization(state: &str, name: &str, expires_in_ms: i64) -> OAuthAuthorizat
         payload: format!("sealed-{state}"),
         created_at: ms(now),
         expires_at: ms(now + chrono::Duration::milliseconds(expires_in_ms)),
+        browser_hash: format!("browser-{state}"),
     }
 }
 

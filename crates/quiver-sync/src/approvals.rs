@@ -23,12 +23,18 @@ pub struct CallBinding<'a> {
     pub arguments: &'a serde_json::Value,
     /// The record's revision.
     pub record_revision: u64,
+    /// The caller the call is for: its principal (`token:<tag>`), which
+    /// the registry records as `requested_by`/`used_by` and caps pending
+    /// approvals by.
+    pub caller: &'a str,
 }
 
 /// Asks for and uses approvals; cheap to clone.
 #[derive(Clone)]
 pub struct RegistryApprovals {
     pub(crate) connector: Arc<Connector>,
+    /// This worker's id (the registry audits it).
+    pub(crate) worker_id: String,
 }
 
 impl RegistryApprovals {
@@ -41,6 +47,8 @@ impl RegistryApprovals {
             arguments_json: call.arguments.to_string(),
             arguments_hash: canonical_arguments_hash(call.arguments),
             record_revision: call.record_revision,
+            requested_by: call.caller.to_owned(),
+            worker_id: self.worker_id.clone(),
         };
         let response = self
             .connector
@@ -68,6 +76,8 @@ impl RegistryApprovals {
             tool: call.tool.to_owned(),
             arguments_hash: canonical_arguments_hash(call.arguments),
             record_revision: call.record_revision,
+            used_by: call.caller.to_owned(),
+            worker_id: self.worker_id.clone(),
         };
         let response = self
             .connector

@@ -39,6 +39,8 @@ struct Replica {
     approvals: OnceLock<quiver_proto::credentials::ApprovalClient>,
     /// The OAuth token client, likewise.
     oauth: OnceLock<quiver_proto::credentials::OAuthClient>,
+    /// The gateway-session revocation client, likewise.
+    sessions: OnceLock<quiver_proto::credentials::SessionClient>,
 }
 
 impl Connector {
@@ -58,6 +60,7 @@ impl Connector {
                     reporting: OnceLock::new(),
                     approvals: OnceLock::new(),
                     oauth: OnceLock::new(),
+                    sessions: OnceLock::new(),
                 })
             })
             .collect::<Result<Vec<_>, SyncError>>()?;
@@ -167,6 +170,31 @@ impl Connector {
         // A token request may wait for another replica's refresh and then
         // refresh itself (registry: lease wait plus token request).
         let timeout = self.request_timeout.max(OAUTH_CALL_TIMEOUT);
+        self.bounded_by(call, timeout, request(client)).await
+    }
+
+    /// Runs one gateway-session revocation call on the replica the sync
+    /// follows, within `timeout` (the gateway's own bound: it answers a
+    /// client meanwhile).
+    pub(crate) async fn session_call<T, F, Fut>(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        request: F,
+    ) -> Result<T, SyncError>
+    where
+        F: FnOnce(quiver_proto::credentials::SessionClient) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let replica = self.replica();
+        let client = replica
+            .sessions
+            .get_or_init(|| {
+                self.credentials
+                    .clone()
+                    .session_client(replica.endpoint.connect_lazy())
+            })
+            .clone();
         self.bounded_by(call, timeout, request(client)).await
     }
 

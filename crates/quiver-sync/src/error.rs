@@ -63,6 +63,19 @@ impl SyncError {
         }
     }
 
+    /// The registry's refusal for a limit (`RESOURCE_EXHAUSTED`, e.g. a
+    /// caller's pending approvals at their cap): its message, naming it.
+    pub fn limit_message(&self) -> Option<&str> {
+        match self {
+            SyncError::Rpc {
+                code: tonic::Code::ResourceExhausted,
+                message,
+                ..
+            } => Some(message),
+            _ => None,
+        }
+    }
+
     /// The gRPC status code, when the registry answered with one.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {

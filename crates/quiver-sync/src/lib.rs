@@ -47,6 +47,7 @@ mod oauth;
 mod options;
 mod report;
 mod service;
+mod sessions;
 mod snapshot;
 
 pub use approvals::{CallBinding, RegistryApprovals};
@@ -55,6 +56,7 @@ pub use oauth::{IssuedToken, RegistryTokens};
 pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;
 pub use service::SyncService;
+pub use sessions::RegistrySessions;
 pub use snapshot::{Snapshot, SnapshotHandle, SnapshotUpdate};
 
 #[cfg(test)]

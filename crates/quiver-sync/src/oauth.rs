@@ -43,6 +43,8 @@ fn time_of(unix_ms: i64) -> Option<SystemTime> {
 #[derive(Clone)]
 pub struct RegistryTokens {
     pub(crate) connector: Arc<Connector>,
+    /// This worker's id (the registry audits who asked for a step-up).
+    pub(crate) worker_id: String,
 }
 
 impl RegistryTokens {
@@ -59,6 +61,7 @@ impl RegistryTokens {
             auth_ref: auth_ref.to_owned(),
             rejected_token_sha256: rejected.unwrap_or_default().to_owned(),
             insufficient_scope: insufficient_scope.unwrap_or_default().to_owned(),
+            worker_id: self.worker_id.clone(),
         };
         let response = self
             .connector

@@ -46,6 +46,7 @@ impl SyncService {
     pub fn approvals(&self) -> crate::approvals::RegistryApprovals {
         crate::approvals::RegistryApprovals {
             connector: self.connector.clone(),
+            worker_id: self.options.worker_id.clone(),
         }
     }
 
@@ -53,6 +54,15 @@ impl SyncService {
     /// follows.
     pub fn tokens(&self) -> crate::oauth::RegistryTokens {
         crate::oauth::RegistryTokens {
+            connector: self.connector.clone(),
+            worker_id: self.options.worker_id.clone(),
+        }
+    }
+
+    /// The registry's memory of deleted gateway sessions, asked of the
+    /// replica this sync follows.
+    pub fn sessions(&self) -> crate::sessions::RegistrySessions {
+        crate::sessions::RegistrySessions {
             connector: self.connector.clone(),
         }
     }

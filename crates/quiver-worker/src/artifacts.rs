@@ -2,16 +2,24 @@
 //! tool results, kept in memory for the caller whose call produced them and
 //! served at `GET /v1/artifacts/{id}`.
 //!
-//! - **Content-addressed.** An artifact's id is the SHA-256 of its bytes
-//!   (lowercase hex). The same bytes stored again by the same caller are
-//!   one artifact, refreshed (newest again, its TTL restarted).
+//! - **Content-addressed.** An artifact's id is the SHA-256 of its content
+//!   type and bytes ([`artifact_id`], lowercase hex): the same bytes stored
+//!   again with the same type by the same caller are one artifact,
+//!   refreshed (newest again, its TTL restarted); under another type they
+//!   are another artifact, so an id (and a URL signed for it) always serves
+//!   the type it was issued for.
 //! - **Per caller.** Artifacts are keyed by (caller, id): another caller
 //!   asking for the same id finds nothing, even when it produced the same
 //!   bytes itself (its copy is its own, counted separately).
 //! - **Bounded.** One item is at most `max_item_bytes` (a bigger one is not
-//!   stored: the result carries a note naming the limit instead), all of
-//!   them together at most `max_total_bytes`: the oldest go first to make
-//!   room, and every artifact leaves after `ttl`. Storing never fails a call.
+//!   stored: the result carries a note naming the limit instead), one
+//!   caller's together at most its share ([`ArtifactOptions::caller_share`]:
+//!   beyond it the caller's own oldest go first, never another caller's),
+//!   all of them together at most `max_total_bytes` (the oldest go first),
+//!   and every artifact leaves after `ttl`. Storing never fails a call.
+//! - **Passive.** Only raster images and audio are served inline
+//!   ([`Artifact::served_inline`]); anything else (HTML, SVG, …) is served as
+//!   an attachment in a sandbox (`http::artifacts`).
 //!
 //! Results of gateway calls (MCP clients) keep their images inline, within
 //! the same per-item limit ([`ArtifactStore::limit_inline`]).
@@ -49,6 +57,9 @@ pub enum VisionUrl {
 pub struct ArtifactOptions {
     /// Bytes of every artifact together.
     pub max_total_bytes: usize,
+    /// Bytes of one caller's artifacts together; `None`: a quarter of
+    /// `max_total_bytes`, at least one item ([`Self::caller_share`]).
+    pub max_caller_bytes: Option<usize>,
     /// Bytes of one artifact (decoded).
     pub max_item_bytes: usize,
     /// How long an artifact is kept.
@@ -65,6 +76,7 @@ impl Default for ArtifactOptions {
     fn default() -> Self {
         ArtifactOptions {
             max_total_bytes: 64 * 1024 * 1024,
+            max_caller_bytes: None,
             max_item_bytes: 8 * 1024 * 1024,
             ttl: Duration::from_secs(3600),
             vision_url: VisionUrl::Data,
@@ -73,10 +85,45 @@ impl Default for ArtifactOptions {
     }
 }
 
+impl ArtifactOptions {
+    /// Bytes one caller's artifacts may take together: `max_caller_bytes`,
+    /// by default a quarter of `max_total_bytes` but at least the item
+    /// limit; never more than `max_total_bytes`.
+    pub fn caller_share(&self) -> usize {
+        self.max_caller_bytes
+            .unwrap_or_else(|| {
+                (self.max_total_bytes / 4).max(self.max_item_bytes.min(self.max_total_bytes))
+            })
+            .min(self.max_total_bytes)
+    }
+
+    /// The smallest limit one item must fit, and the setting that sets it.
+    fn item_limit(&self) -> (usize, &'static str) {
+        [
+            (self.max_item_bytes, "max_item_bytes"),
+            (self.max_total_bytes, "max_total_bytes"),
+            (self.caller_share(), "max_caller_bytes"),
+        ]
+        .into_iter()
+        .min_by_key(|(limit, _)| *limit)
+        .unwrap_or((self.max_item_bytes, "max_item_bytes"))
+    }
+}
+
+/// The id of `bytes` declared as `mime_type`: the SHA-256 (lowercase hex)
+/// of the type's length (8 bytes, big-endian), the type and the bytes.
+pub fn artifact_id(mime_type: &str, bytes: &[u8]) -> String {
+    let mut digest = Sha256::new();
+    digest.update((mime_type.len() as u64).to_be_bytes());
+    digest.update(mime_type.as_bytes());
+    digest.update(bytes);
+    format!("{:x}", digest.finalize())
+}
+
 /// One stored artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
-    /// SHA-256 of the bytes, lowercase hex.
+    /// [`artifact_id`] of its type and bytes.
     pub id: String,
     /// The content type the server declared.
     pub mime_type: String,
@@ -120,13 +167,45 @@ impl Artifact {
         )
     }
 
+    /// The declared type without parameters, lowercase (`image/png`).
+    pub fn essence(&self) -> String {
+        let mime = self.mime_type.split(';').next().unwrap_or("").trim();
+        mime.to_ascii_lowercase()
+    }
+
     /// Whether vision models are shown it: png, jpeg, gif and webp images.
     pub fn is_vision_image(&self) -> bool {
-        let mime = self.mime_type.to_ascii_lowercase();
-        let mime = mime.split(';').next().unwrap_or("").trim();
         matches!(
-            mime,
+            self.essence().as_str(),
             "image/png" | "image/jpeg" | "image/jpg" | "image/gif" | "image/webp"
+        )
+    }
+
+    /// Whether `GET /v1/artifacts/{id}` serves it inline, with its type:
+    /// raster images and audio, which a browser does not run. Anything
+    /// else, SVG included (it may hold script), is an attachment.
+    pub fn served_inline(&self) -> bool {
+        matches!(
+            self.essence().as_str(),
+            "image/png"
+                | "image/jpeg"
+                | "image/jpg"
+                | "image/gif"
+                | "image/webp"
+                | "image/avif"
+                | "image/bmp"
+                | "audio/mpeg"
+                | "audio/mp3"
+                | "audio/mp4"
+                | "audio/aac"
+                | "audio/ogg"
+                | "audio/opus"
+                | "audio/wav"
+                | "audio/wave"
+                | "audio/x-wav"
+                | "audio/webm"
+                | "audio/flac"
+                | "audio/x-flac"
         )
     }
 }
@@ -134,7 +213,8 @@ impl Artifact {
 /// Why an item was not stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArtifactError {
-    /// Bigger than `max_item_bytes` (or than `max_total_bytes`).
+    /// Bigger than `max_item_bytes` (or than `max_total_bytes`, or the
+    /// caller's share).
     #[error(
         "{mime_type} content of {bytes} bytes not kept: over the artifact limit of {limit} bytes ([artifacts] {field})"
     )]
@@ -170,11 +250,20 @@ struct Entry {
     seq: u64,
 }
 
+/// What one caller holds.
+#[derive(Default)]
+struct Usage {
+    bytes: usize,
+    /// Its keys' sequence numbers (oldest first).
+    order: BTreeMap<u64, String>,
+}
+
 #[derive(Default)]
 struct Inner {
     entries: HashMap<Key, Entry>,
     /// Keys by storage order (oldest first).
     order: BTreeMap<u64, Key>,
+    callers: HashMap<CallerId, Usage>,
     total: usize,
     next: u64,
 }
@@ -183,8 +272,37 @@ impl Inner {
     fn remove(&mut self, key: &Key) -> Option<Entry> {
         let entry = self.entries.remove(key)?;
         self.order.remove(&entry.seq);
-        self.total -= entry.artifact.bytes.len();
+        let size = entry.artifact.bytes.len();
+        self.total -= size;
+        if let Some(usage) = self.callers.get_mut(&key.0) {
+            usage.bytes -= size;
+            usage.order.remove(&entry.seq);
+            if usage.order.is_empty() {
+                self.callers.remove(&key.0);
+            }
+        }
         Some(entry)
+    }
+
+    fn insert(&mut self, key: Key, entry: Entry) {
+        let size = entry.artifact.bytes.len();
+        self.order.insert(entry.seq, key.clone());
+        self.total += size;
+        let usage = self.callers.entry(key.0).or_default();
+        usage.bytes += size;
+        usage.order.insert(entry.seq, key.1.clone());
+        self.entries.insert(key, entry);
+    }
+
+    fn caller_bytes(&self, caller: CallerId) -> usize {
+        self.callers.get(&caller).map_or(0, |usage| usage.bytes)
+    }
+
+    /// `caller`'s oldest artifact.
+    fn oldest_of(&self, caller: CallerId) -> Option<Key> {
+        let usage = self.callers.get(&caller)?;
+        let (_, id) = usage.order.first_key_value()?;
+        Some((caller, id.clone()))
     }
 
     /// Drops what is older than `ttl`; returns how many.
@@ -262,11 +380,7 @@ impl ArtifactStore {
         bytes: Bytes,
         now: Instant,
     ) -> Result<Artifact, ArtifactError> {
-        let (limit, field) = if self.options.max_item_bytes <= self.options.max_total_bytes {
-            (self.options.max_item_bytes, "max_item_bytes")
-        } else {
-            (self.options.max_total_bytes, "max_total_bytes")
-        };
+        let (limit, field) = self.options.item_limit();
         if bytes.len() > limit {
             return Err(ArtifactError::TooLarge {
                 mime_type: mime_type.to_owned(),
@@ -276,15 +390,26 @@ impl ArtifactStore {
             });
         }
         let artifact = Artifact {
-            id: format!("{:x}", Sha256::digest(&bytes)),
+            id: artifact_id(mime_type, &bytes),
             mime_type: mime_type.to_owned(),
             bytes,
         };
         let key = (owner, artifact.id.clone());
         let size = artifact.bytes.len();
+        let share = self.options.caller_share();
         let mut inner = self.lock();
         let expired = inner.expire(now, self.options.ttl);
         inner.remove(&key);
+        // Over its share, a caller makes room from its own artifacts only.
+        let mut evicted_own = 0u64;
+        while inner.caller_bytes(owner) + size > share {
+            let Some(oldest) = inner.oldest_of(owner) else {
+                break;
+            };
+            inner.remove(&oldest);
+            evicted_own += 1;
+        }
+        // Within its share, the store's oldest go when it is full.
         let mut evicted = 0u64;
         while inner.total + size > self.options.max_total_bytes {
             let Some((_, oldest)) = inner.order.first_key_value() else {
@@ -296,9 +421,7 @@ impl ArtifactStore {
         }
         let seq = inner.next;
         inner.next += 1;
-        inner.order.insert(seq, key.clone());
-        inner.total += size;
-        inner.entries.insert(
+        inner.insert(
             key,
             Entry {
                 artifact: artifact.clone(),
@@ -309,6 +432,10 @@ impl ArtifactStore {
         let total = inner.total;
         drop(inner);
         metrics::counter!("quiver_artifacts_stored_total").increment(1);
+        if evicted_own > 0 {
+            metrics::counter!("quiver_artifacts_evicted_total", "reason" => "caller_share")
+                .increment(evicted_own);
+        }
         if evicted > 0 {
             metrics::counter!("quiver_artifacts_evicted_total", "reason" => "capacity")
                 .increment(evicted);
@@ -392,21 +519,14 @@ impl ArtifactStore {
     /// without decoding it.
     fn check_size(&self, data: &str, mime_type: &str) -> Result<(), ArtifactError> {
         let estimate = data.len() / 4 * 3;
-        let limit = self
-            .options
-            .max_item_bytes
-            .min(self.options.max_total_bytes);
+        let (limit, field) = self.options.item_limit();
         // Padding makes the estimate up to 2 bytes high.
         if estimate > limit + 2 {
             return Err(ArtifactError::TooLarge {
                 mime_type: mime_type.to_owned(),
                 bytes: estimate,
                 limit,
-                field: if self.options.max_item_bytes <= self.options.max_total_bytes {
-                    "max_item_bytes"
-                } else {
-                    "max_total_bytes"
-                },
+                field,
             });
         }
         Ok(())
@@ -470,8 +590,19 @@ mod tests {
         })
     }
 
+    /// A store where one caller may fill everything.
+    fn unshared(max_total_bytes: usize, max_item_bytes: usize) -> ArtifactStore {
+        ArtifactStore::new(ArtifactOptions {
+            max_total_bytes,
+            max_caller_bytes: Some(max_total_bytes),
+            max_item_bytes,
+            ttl: Duration::from_secs(60),
+            ..Default::default()
+        })
+    }
+
     fn caller(n: u32) -> CallerId {
-        CallerId::from_tag(&n.to_string()).unwrap()
+        CallerId::from_tag(&format!("{n:016x}")).unwrap()
     }
 
     fn bytes(fill: u8, n: usize) -> Bytes {
@@ -479,15 +610,15 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_the_sha256_of_the_bytes() {
+    fn ids_are_the_sha256_of_the_type_and_the_bytes() {
         let store = ArtifactStore::default();
         let artifact = store
             .put(caller(0), "image/png", Bytes::from_static(b"abc"))
             .unwrap();
-        assert_eq!(
-            artifact.id,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        let mut expected = Sha256::new();
+        expected.update(9u64.to_be_bytes());
+        expected.update(b"image/pngabc");
+        assert_eq!(artifact.id, format!("{:x}", expected.finalize()));
         assert_eq!(artifact.path(), format!("/v1/artifacts/{}", artifact.id));
         // The same bytes again: one artifact, counted once.
         let again = store
@@ -495,6 +626,121 @@ mod tests {
             .unwrap();
         assert_eq!(again.id, artifact.id);
         assert_eq!(store.total_bytes(), 3);
+        // Under another type: another artifact; the first keeps its type.
+        let html = store
+            .put(caller(0), "text/html", Bytes::from_static(b"abc"))
+            .unwrap();
+        assert_ne!(html.id, artifact.id);
+        assert_eq!(
+            store.get(caller(0), &artifact.id).unwrap().mime_type,
+            "image/png"
+        );
+        assert_eq!(
+            store.get(caller(0), &html.id).unwrap().mime_type,
+            "text/html"
+        );
+        // The type's length is part of the digest: no shifting bytes
+        // between type and content gives the same id.
+        assert_ne!(artifact_id("a\0b", b"c"), artifact_id("a", b"\0bc"));
+        assert_ne!(
+            artifact_id("image/png", b"x"),
+            artifact_id("image/pngx", b"")
+        );
+    }
+
+    #[test]
+    fn only_raster_images_and_audio_are_served_inline() {
+        let artifact = |mime: &str| Artifact {
+            id: String::new(),
+            mime_type: mime.into(),
+            bytes: Bytes::new(),
+        };
+        for mime in [
+            "image/png",
+            "IMAGE/PNG; x=y",
+            "image/webp",
+            "audio/wav",
+            "audio/mpeg",
+        ] {
+            assert!(artifact(mime).served_inline(), "{mime}");
+        }
+        for mime in [
+            "text/html",
+            "image/svg+xml",
+            "image/svg+xml; charset=utf-8",
+            "application/xhtml+xml",
+            "application/pdf",
+            "text/xml",
+            "image/png, text/html",
+            "",
+            "image/",
+        ] {
+            assert!(!artifact(mime).served_inline(), "{mime}");
+        }
+    }
+
+    #[test]
+    fn a_caller_over_its_share_evicts_only_its_own() {
+        let store = ArtifactStore::new(ArtifactOptions {
+            max_total_bytes: 40,
+            max_caller_bytes: Some(20),
+            max_item_bytes: 10,
+            ttl: Duration::from_secs(60),
+            ..Default::default()
+        });
+        let others: Vec<String> = (0..2)
+            .map(|i| store.put(caller(1), "image/png", bytes(i, 10)).unwrap().id)
+            .collect();
+        let mine: Vec<String> = (10..20)
+            .map(|i| store.put(caller(0), "image/png", bytes(i, 10)).unwrap().id)
+            .collect();
+        // The other caller's artifacts stay; of mine, the newest two.
+        assert!(others.iter().all(|id| store.get(caller(1), id).is_some()));
+        assert!(
+            mine[..8]
+                .iter()
+                .all(|id| store.get(caller(0), id).is_none())
+        );
+        assert!(
+            mine[8..]
+                .iter()
+                .all(|id| store.get(caller(0), id).is_some())
+        );
+        assert_eq!(store.total_bytes(), 40);
+        // A third caller within its share: the store is full, its oldest
+        // (the first caller's) go.
+        store.put(caller(2), "image/png", bytes(30, 10)).unwrap();
+        assert!(store.get(caller(1), &others[0]).is_none());
+        assert!(store.get(caller(1), &others[1]).is_some());
+        assert_eq!(store.total_bytes(), 40);
+        // An item over the share is refused naming it.
+        let narrow = ArtifactStore::new(ArtifactOptions {
+            max_total_bytes: 40,
+            max_caller_bytes: Some(5),
+            max_item_bytes: 10,
+            ..Default::default()
+        });
+        let err = narrow.put(caller(0), "image/png", bytes(1, 6)).unwrap_err();
+        assert!(err.to_string().contains("max_caller_bytes"), "{err}");
+    }
+
+    #[test]
+    fn the_default_share_is_a_quarter_but_at_least_one_item() {
+        let share = |total, item, own| {
+            ArtifactOptions {
+                max_total_bytes: total,
+                max_item_bytes: item,
+                max_caller_bytes: own,
+                ..Default::default()
+            }
+            .caller_share()
+        };
+        assert_eq!(ArtifactOptions::default().caller_share(), 16 * 1024 * 1024);
+        assert_eq!(share(100, 10, None), 25);
+        assert_eq!(share(100, 50, None), 50);
+        assert_eq!(share(100, 500, None), 100);
+        assert_eq!(share(100, 10, Some(60)), 60);
+        assert_eq!(share(100, 10, Some(600)), 100);
     }
 
     #[test]
@@ -525,7 +771,7 @@ mod tests {
 
     #[test]
     fn the_oldest_go_first_when_full() {
-        let store = store(30, 10, Duration::from_secs(60));
+        let store = unshared(30, 10);
         let ids: Vec<String> = (0..3)
             .map(|i| store.put(caller(0), "image/png", bytes(i, 10)).unwrap().id)
             .collect();
@@ -539,7 +785,7 @@ mod tests {
         assert!(store.get(caller(0), &ids[2]).is_some());
         assert!(store.get(caller(1), &fourth.id).is_some());
         // A big one evicts as many as it needs, oldest first.
-        let store2 = self::store(30, 30, Duration::from_secs(60));
+        let store2 = unshared(30, 30);
         let small: Vec<String> = (0..3)
             .map(|i| store2.put(caller(0), "image/png", bytes(i, 10)).unwrap().id)
             .collect();
@@ -620,11 +866,16 @@ mod tests {
         let query = url
             .strip_prefix(&format!("https://w.example/v1/artifacts/{}?", artifact.id))
             .unwrap();
-        let sig = query.strip_prefix("caller=3&sig=").unwrap();
-        assert_eq!(store.verify(&artifact.id, "3", sig), Some(caller(3)));
-        assert_eq!(store.verify(&artifact.id, "4", sig), None);
-        assert_eq!(store.verify("other", "3", sig), None);
-        assert_eq!(store.verify(&artifact.id, "3", "00"), None);
+        let (three, four) = (caller(3).tag(), caller(4).tag());
+        let sig = query.strip_prefix(&format!("caller={three}&sig=")).unwrap();
+        assert_eq!(store.verify(&artifact.id, &three, sig), Some(caller(3)));
+        assert_eq!(store.verify(&artifact.id, &four, sig), None);
+        assert_eq!(store.verify("other", &three, sig), None);
+        assert_eq!(store.verify(&artifact.id, &three, "00"), None);
+        // The same bytes as HTML are another id: the PNG's signature does
+        // not fetch them.
+        let html = store.put(caller(3), "text/html", bytes(1, 4)).unwrap();
+        assert_eq!(store.verify(&html.id, &three, sig), None);
     }
 
     #[test]

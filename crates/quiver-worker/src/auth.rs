@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use quiver_model::policy::{CompiledTaskPolicy, PolicyError, TaskPolicy};
 use quiver_model::token::{TokenDigest, bearer};
+use sha2::{Digest as _, Sha256};
 
 /// The task callers get with `--caller-token` and in dev mode.
 pub const DEFAULT_TASK: &str = "default";
@@ -57,6 +58,9 @@ pub enum CallersError {
     /// An empty token.
     #[error("caller tokens must not be empty")]
     EmptyToken,
+    /// Two tokens are the same caller (the same token twice).
+    #[error("caller token #{0} is configured twice (each token is one caller)")]
+    DuplicateToken(usize),
     /// Nobody could call the worker.
     #[error(
         "no caller token configured: pass --caller-token (or [[callers]] in the config), or --insecure-no-auth on a loopback listener"
@@ -76,32 +80,63 @@ pub struct Task {
     pub policy: Arc<CompiledTaskPolicy>,
 }
 
-/// Which configured credential a caller presented: the owner of the
-/// artifacts its calls produce (`crate::artifacts`). Two tokens of the same
-/// task are two callers; callers without a token (`--insecure-no-auth`)
-/// are one.
+/// Which credential a caller presented: the owner of the artifacts its
+/// calls produce (`crate::artifacts`), of its per-session connections and
+/// gateway sessions, and the principal approvals and audit lines name. Two
+/// tokens of the same task are two callers; callers without a token
+/// (`--insecure-no-auth`) are one.
+///
+/// The id is the first 8 bytes of the token's SHA-256, so the same token is
+/// the same caller on every worker of a fleet and across restarts (an
+/// approval requested through one worker is the same caller's on another).
+/// Eight bytes of a digest of a random token reveal nothing usable about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CallerId(u32);
+pub struct CallerId([u8; 8]);
 
 impl CallerId {
     /// The caller without a token.
-    pub const ANONYMOUS: CallerId = CallerId(u32::MAX);
+    pub const ANONYMOUS: CallerId = CallerId([0xff; 8]);
 
-    /// A short opaque form, for signed artifact URLs (not secret).
+    /// The caller presenting `token`.
+    fn of_token(token: &str) -> Self {
+        let digest = Sha256::digest(token.as_bytes());
+        let mut id = [0; 8];
+        id.copy_from_slice(&digest[..8]);
+        CallerId(id)
+    }
+
+    /// A short opaque form, for signed artifact URLs and keys (not secret).
     pub fn tag(self) -> String {
-        self.0.to_string()
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The caller of [`tag`](Self::tag).
     pub fn from_tag(tag: &str) -> Option<Self> {
-        tag.parse().ok().map(CallerId)
+        if tag.len() != 16 || !tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut id = [0; 8];
+        for (at, byte) in id.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&tag[2 * at..2 * at + 2], 16).ok()?;
+        }
+        Some(CallerId(id))
+    }
+
+    /// The principal this caller is in audit lines and approvals:
+    /// `token:<tag>` for a configured token, `anonymous` without one.
+    pub fn principal(self) -> String {
+        if self == Self::ANONYMOUS {
+            "anonymous".to_owned()
+        } else {
+            format!("token:{}", self.tag())
+        }
     }
 }
 
 /// Maps presented tokens to tasks.
 #[derive(Clone)]
 pub struct Callers {
-    tokens: Vec<(TokenDigest, Task)>,
+    tokens: Vec<(TokenDigest, CallerId, Task)>,
     anonymous: Option<Task>,
 }
 
@@ -129,12 +164,16 @@ impl Callers {
                 })
                 .ok_or_else(|| CallersError::UnknownTask(name.to_owned()))
         };
-        let mut tokens = Vec::new();
-        for caller in &config.callers {
+        let mut tokens: Vec<(TokenDigest, CallerId, Task)> = Vec::new();
+        for (at, caller) in config.callers.iter().enumerate() {
             if caller.token.is_empty() {
                 return Err(CallersError::EmptyToken);
             }
-            tokens.push((TokenDigest::of(&caller.token), task(&caller.task)?));
+            let id = CallerId::of_token(&caller.token);
+            if tokens.iter().any(|(_, other, _)| *other == id) {
+                return Err(CallersError::DuplicateToken(at + 1));
+            }
+            tokens.push((TokenDigest::of(&caller.token), id, task(&caller.task)?));
         }
         let anonymous = if config.insecure_no_auth {
             if !listen.ip().is_loopback() {
@@ -158,13 +197,12 @@ impl Callers {
     /// `None` when refused.
     pub fn identify(&self, authorization: Option<&str>) -> Option<(Task, CallerId)> {
         if let Some(token) = bearer(authorization)
-            && let Some(at) = self
+            && let Some((_, id, task)) = self
                 .tokens
                 .iter()
-                .position(|(digest, _)| digest.matches(token))
+                .find(|(digest, _, _)| digest.matches(token))
         {
-            let id = CallerId(u32::try_from(at).unwrap_or(u32::MAX - 1));
-            return Some((self.tokens[at].1.clone(), id));
+            return Some((task.clone(), *id));
         }
         self.anonymous
             .clone()
@@ -196,6 +234,22 @@ mod tests {
         assert!(callers.identify(Some("Bearer c")).is_none());
         assert!(callers.identify(None).is_none());
         assert_eq!(CallerId::from_tag(&a.tag()), Some(a));
+        assert_eq!(
+            a,
+            CallerId::of_token("a"),
+            "the same token is the same caller anywhere"
+        );
+        assert_eq!(a.principal(), format!("token:{}", a.tag()));
+        assert_eq!(CallerId::ANONYMOUS.principal(), "anonymous");
+        assert!(CallerId::from_tag("zz").is_none());
+        let twice = CallersConfig {
+            callers: vec![caller("a"), caller("a")],
+            ..Default::default()
+        };
+        assert!(matches!(
+            Callers::new(&twice, listen),
+            Err(CallersError::DuplicateToken(2))
+        ));
 
         let open = Callers::new(
             &CallersConfig {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::leases::SessionKey;
+use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::{
     CallOptions, CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool,
 };
@@ -62,6 +62,10 @@ pub enum CallError {
     /// The arguments are not a JSON object.
     #[error("{0}")]
     InvalidArguments(String),
+    /// A per-caller limit of the fleet refuses the call (the message names
+    /// it), e.g. the caller's pending approvals at the registry's cap.
+    #[error("{0}")]
+    LimitReached(String),
     /// The MCP call failed.
     #[error(transparent)]
     Mcp(#[from] McpError),
@@ -81,13 +85,18 @@ impl CallError {
             CallError::ApprovalDenied(_) => ErrorCode::McpApprovalDenied,
             CallError::ApprovalInvalid(_) => ErrorCode::McpApprovalInvalid,
             CallError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
+            CallError::LimitReached(_) => ErrorCode::ResourceExhausted,
             CallError::Mcp(err) => err.code(),
         }
     }
 
     /// Whether retrying later may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, CallError::Mcp(err) if err.retryable())
+        match self {
+            CallError::LimitReached(_) => true,
+            CallError::Mcp(err) => err.retryable(),
+            _ => false,
+        }
     }
 
     /// The error body, `{"error": {…}}`.
@@ -185,14 +194,26 @@ pub fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallErro
 }
 
 /// What an approval of a call is bound to.
-fn binding<'a>(task: &'a Task, tool: &'a CatalogTool, arguments: &'a Value) -> CallBinding<'a> {
+fn binding<'a>(
+    task: &'a Task,
+    caller: &'a str,
+    tool: &'a CatalogTool,
+    arguments: &'a Value,
+) -> CallBinding<'a> {
     CallBinding {
         task: &task.name,
         server_id: tool.server_id(),
         tool: tool.tool_name(),
         arguments,
         record_revision: tool.server.revision,
+        caller,
     }
+}
+
+/// The principal the registry records for an approval's caller (empty: the
+/// worker's credential stands for it).
+fn principal_of(caller: Option<CallerId>) -> String {
+    caller.map(CallerId::principal).unwrap_or_default()
 }
 
 /// A registry that cannot answer about approvals.
@@ -216,14 +237,24 @@ pub struct CallContext {
     /// (tool API, chat); `None` keeps them inline within the per-item
     /// limit (gateway clients).
     pub artifacts_owner: Option<CallerId>,
+    /// The caller presenting the request: the owner of its session's
+    /// per-session connections. Without one the call has no session.
+    pub caller: Option<CallerId>,
+    /// Which namespace `session_id` is in: a name the caller chose
+    /// (`x-quiver-session`) or a gateway MCP session.
+    pub session_kind: SessionKind,
 }
 
 impl CallContext {
-    /// The caller's session as per-session connections are keyed: sessions
-    /// of the same id under different tasks are different sessions.
+    /// The caller's session as per-session connections are keyed: the
+    /// caller's own (another caller naming the same id has another
+    /// session), of its task, and apart from gateway sessions.
     pub fn session_key(&self, task: &Task) -> Option<SessionKey> {
+        let caller = self.caller?;
         self.session_id.as_ref().map(|id| SessionKey {
+            caller: caller.principal(),
             task: task.name.clone(),
+            kind: self.session_kind,
             session_id: id.clone(),
         })
     }
@@ -335,7 +366,7 @@ impl ToolRunner {
         let started = Instant::now();
         let tool = self.resolve(snapshot, task, &request.name).await?;
         if tool.needs_approval() {
-            self.approve(task, &tool, request).await?;
+            self.approve(task, context.caller, &tool, request).await?;
             return self
                 .execute(task, context, &tool, request.arguments.clone(), started)
                 .await;
@@ -351,16 +382,17 @@ impl ToolRunner {
     async fn approve(
         &self,
         task: &Task,
+        caller: Option<CallerId>,
         tool: &CatalogTool,
         request: &ToolCall,
     ) -> Result<(), CallError> {
         match &request.approval_id {
             Some(id) => {
-                self.use_approval(task, tool, request.arguments.clone(), id)
+                self.use_approval(task, caller, tool, request.arguments.clone(), id)
                     .await
             }
             None => Err(self
-                .request_approval(task, tool, request.arguments.clone())
+                .request_approval(task, caller, tool, request.arguments.clone())
                 .await?),
         }
     }
@@ -384,15 +416,26 @@ impl ToolRunner {
     pub async fn request_approval(
         &self,
         task: &Task,
+        caller: Option<CallerId>,
         tool: &CatalogTool,
         arguments: Option<Value>,
     ) -> Result<CallError, CallError> {
         let approvals = self.approvals(tool)?;
         let arguments = Value::Object(arguments_object(arguments)?);
+        let caller = principal_of(caller);
         let id = approvals
-            .request(&binding(task, tool, &arguments))
+            .request(&binding(task, &caller, tool, &arguments))
             .await
-            .map_err(unreachable)?;
+            .map_err(|err| match err.limit_message() {
+                // The caller's pending approvals are at the registry's cap:
+                // no new one until some are decided or expire.
+                Some(message) => CallError::LimitReached(format!(
+                    "{}.{} requires an approval, and none can be requested now: {message}",
+                    tool.server_id(),
+                    tool.tool_name()
+                )),
+                None => unreachable(err),
+            })?;
         Ok(CallError::ApprovalRequired {
             message: format!(
                 "{}.{} requires an approval: approval {id} is waiting for an approver; repeat the call with its id once it is approved",
@@ -407,14 +450,16 @@ impl ToolRunner {
     pub async fn use_approval(
         &self,
         task: &Task,
+        caller: Option<CallerId>,
         tool: &CatalogTool,
         arguments: Option<Value>,
         id: &str,
     ) -> Result<(), CallError> {
         let approvals = self.approvals(tool)?;
         let arguments = Value::Object(arguments_object(arguments)?);
+        let caller = principal_of(caller);
         match approvals
-            .use_for(id, &binding(task, tool, &arguments))
+            .use_for(id, &binding(task, &caller, tool, &arguments))
             .await
             .map_err(unreachable)?
         {

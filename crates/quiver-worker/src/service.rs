@@ -166,7 +166,10 @@ impl Worker {
         let gateway = Gateway::new(
             runner.clone(),
             sync.handle(),
-            options.gateway.clone(),
+            GatewayOptions {
+                registry: Some(sync.sessions()),
+                ..options.gateway.clone()
+            },
             &shutdown,
         );
         let rebinding = Arc::new(RebindingGuard::new(

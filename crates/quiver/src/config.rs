@@ -32,6 +32,10 @@ pub struct RegistryFile {
     pub approver_token: Option<String>,
     /// Lifetime of an approval in seconds (decision and use).
     pub approval_ttl_secs: Option<u64>,
+    /// The most pending approvals one caller may have.
+    pub max_pending_approvals: Option<u32>,
+    /// Seconds finished approvals are kept after their expiry.
+    pub approval_retention_secs: Option<u64>,
     /// The registry's URL as browsers reach it (OAuth redirects).
     pub public_url: Option<String>,
     /// Serve without credentials (loopback only).
@@ -119,6 +123,10 @@ pub struct WorkerFile {
 pub struct ArtifactsSection {
     /// Bytes of every artifact together; the oldest go first beyond.
     pub max_total_bytes: Option<NonZeroUsize>,
+    /// Bytes of one caller token's artifacts together; beyond, that
+    /// caller's own oldest go first. Default: a quarter of
+    /// `max_total_bytes`, at least `max_item_bytes`.
+    pub max_caller_bytes: Option<NonZeroUsize>,
     /// Bytes of one artifact; a bigger item becomes a note naming this.
     pub max_item_bytes: Option<NonZeroUsize>,
     /// How long an artifact is kept, in seconds.
@@ -139,10 +147,19 @@ impl ArtifactsSection {
         {
             anyhow::bail!("artifacts.public_url: must be an http:// or https:// URL, not {url:?}");
         }
+        let max_total_bytes = self
+            .max_total_bytes
+            .map_or(defaults.max_total_bytes, NonZeroUsize::get);
+        if let Some(share) = self.max_caller_bytes
+            && share.get() > max_total_bytes
+        {
+            anyhow::bail!(
+                "artifacts.max_caller_bytes: {share} is more than artifacts.max_total_bytes ({max_total_bytes})"
+            );
+        }
         Ok(quiver_worker::artifacts::ArtifactOptions {
-            max_total_bytes: self
-                .max_total_bytes
-                .map_or(defaults.max_total_bytes, NonZeroUsize::get),
+            max_total_bytes,
+            max_caller_bytes: self.max_caller_bytes.map(NonZeroUsize::get),
             max_item_bytes: self
                 .max_item_bytes
                 .map_or(defaults.max_item_bytes, NonZeroUsize::get),
@@ -229,6 +246,9 @@ pub struct PoolSection {
     pub max_session_connections: Option<NonZeroUsize>,
     /// Live connections of one `per_session` server.
     pub max_session_connections_per_server: Option<NonZeroUsize>,
+    /// Live connections of `per_session` servers one caller holds,
+    /// worker-wide.
+    pub max_session_connections_per_caller: Option<NonZeroUsize>,
     /// A per-session connection unused this long is closed, in ms.
     pub session_idle_timeout_ms: Option<NonZeroU64>,
 }
@@ -272,6 +292,10 @@ impl PoolSection {
                     defaults.session_leases.per_server,
                 ),
                 total: count(self.max_session_connections, defaults.session_leases.total),
+                per_caller: count(
+                    self.max_session_connections_per_caller,
+                    defaults.session_leases.per_caller,
+                ),
             },
             session_idle_timeout: millis(
                 self.session_idle_timeout_ms.map(NonZeroU64::get),
@@ -328,6 +352,12 @@ pub struct GatewaySection {
     pub max_sessions: Option<NonZeroUsize>,
     /// A session unused this long leaves memory (its id still resumes it), in ms.
     pub session_idle_ms: Option<NonZeroU64>,
+    /// Sessions one caller may hold open at once on this worker
+    /// [default: max_sessions / 4, at least 1].
+    pub max_sessions_per_caller: Option<NonZeroUsize>,
+    /// A session id is served this long after it was issued, in ms
+    /// [default: 24 h; at most 30 days].
+    pub max_session_lifetime_ms: Option<NonZeroU64>,
 }
 
 /// One `[[callers]]` entry: a token (literal or from an environment
@@ -791,16 +821,31 @@ mod tests {
         assert_eq!(
             (
                 artifacts.max_total_bytes,
+                artifacts.caller_share(),
                 artifacts.max_item_bytes,
                 artifacts.ttl,
                 artifacts.vision_url
             ),
             (
                 artifact_defaults.max_total_bytes,
+                artifact_defaults.caller_share(),
                 artifact_defaults.max_item_bytes,
                 artifact_defaults.ttl,
                 artifact_defaults.vision_url
             )
+        );
+        assert_eq!(artifacts.max_caller_bytes, Some(16 * 1024 * 1024));
+        // A share over the whole store is refused, naming the key.
+        let err = toml::from_str::<WorkerFile>(
+            "[artifacts]\nmax_total_bytes = 100\nmax_caller_bytes = 101\n",
+        )
+        .unwrap()
+        .artifacts
+        .into_options()
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("artifacts.max_caller_bytes"),
+            "{err}"
         );
     }
 }

@@ -84,9 +84,15 @@ impl std::fmt::Debug for IssuedToken {
 /// What pressing "Connect" leads to.
 #[derive(Debug)]
 pub enum ConnectOutcome {
-    /// Send the browser here; the authorization server redirects back to
-    /// `/admin/oauth/callback`.
-    Redirect(String),
+    /// Send the browser to `url`; the authorization server redirects back to
+    /// `/admin/oauth/callback`, which completes the flow only for the
+    /// browser holding `cookie` (set it in the answer to Connect).
+    Redirect {
+        /// The authorization URL.
+        url: String,
+        /// The cookie binding the flow to this browser.
+        cookie: FlowCookie,
+    },
     /// Connected already (client credentials).
     Connected(OAuthConnectionView),
 }
@@ -106,6 +112,48 @@ pub struct CallbackParams {
     pub error_description: Option<String>,
 }
 
+/// The cookie that binds an authorization-code flow to the browser that
+/// pressed Connect: a random nonce whose SHA-256 is stored with the pending
+/// flow. Named per connection, scoped to the callback's path.
+pub struct FlowCookie {
+    /// The connection's name (part of the cookie's name).
+    pub connection: String,
+    nonce: String,
+    /// Sent over HTTPS only (the registry's public URL is https).
+    pub secure: bool,
+}
+
+impl std::fmt::Debug for FlowCookie {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowCookie")
+            .field("connection", &self.connection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The path the flow cookie is sent to.
+pub const CALLBACK_PATH: &str = "/admin/oauth/callback";
+
+impl FlowCookie {
+    /// The cookie's name for `connection`.
+    pub fn name_for(connection: &str) -> String {
+        format!("quiver_oauth_flow_{connection}")
+    }
+
+    /// The `Set-Cookie` header value: HttpOnly, SameSite=Lax (sent on the
+    /// authorization server's top-level redirect back), Secure over HTTPS,
+    /// living as long as the pending flow.
+    pub fn header_value(&self) -> String {
+        format!(
+            "{}={}; Path={CALLBACK_PATH}; Max-Age={}; HttpOnly; SameSite=Lax{}",
+            Self::name_for(&self.connection),
+            self.nonce,
+            AUTHORIZATION_TTL.as_secs(),
+            if self.secure { "; Secure" } else { "" }
+        )
+    }
+}
+
 /// The pending flow, sealed into `oauth_authorizations.payload`.
 #[derive(Serialize, Deserialize)]
 struct Pending {
@@ -121,6 +169,9 @@ pub struct OAuthBroker {
     keyring: Option<Keyring>,
     callback_url: String,
     holder: String,
+    /// The registry's egress allowlist over every request of a flow; `None`
+    /// (no allowlist): rmcp's own client.
+    egress: Option<Arc<super::egress::EgressOAuthClient>>,
 }
 
 impl std::fmt::Debug for OAuthBroker {
@@ -245,7 +296,26 @@ impl OAuthBroker {
             keyring,
             callback_url,
             holder,
+            egress: None,
         }
+    }
+
+    /// The same broker with every request of its flows under `egress` (the
+    /// registry's allowlist, as its tool preview); an unrestricted policy
+    /// keeps rmcp's own client.
+    pub fn with_egress(
+        mut self,
+        egress: quiver_mcp::egress::EgressPolicy,
+    ) -> Result<Self, RegistryError> {
+        self.egress = if egress.is_unrestricted() {
+            None
+        } else {
+            Some(Arc::new(
+                super::egress::EgressOAuthClient::new(egress, STEP_TIMEOUT)
+                    .map_err(RegistryError::Internal)?,
+            ))
+        };
+        Ok(self)
     }
 
     fn keyring(&self) -> Result<&Keyring, RegistryError> {
@@ -381,11 +451,32 @@ impl OAuthBroker {
         spec: &OAuthConnectionSpec,
         need_pkce: bool,
     ) -> Result<AuthorizationManager, RegistryError> {
-        let mut manager = bounded(
-            "discovery",
-            AuthorizationManager::new_allowing_private_addresses(spec.server_url.as_str()),
-        )
-        .await?;
+        let mut manager = match &self.egress {
+            Some(client) => {
+                bounded(
+                    "discovery",
+                    AuthorizationManager::new_with_oauth_http_client(
+                        spec.server_url.as_str(),
+                        client.clone(),
+                    ),
+                )
+                .await?
+            }
+            None => {
+                bounded(
+                    "discovery",
+                    AuthorizationManager::new_allowing_private_addresses(spec.server_url.as_str()),
+                )
+                .await?
+            }
+        };
+        // The server's own URL first: refused before anything is fetched.
+        if let Some(client) = &self.egress {
+            client
+                .check(&spec.server_url)
+                .await
+                .map_err(|err| step("discovery", err))?;
+        }
         let resolution = bounded("discovery", manager.resolve_metadata()).await?;
         if !resolution.source.is_discovered() {
             return Err(step(
@@ -481,6 +572,11 @@ impl OAuthBroker {
         };
         let payload = serde_json::to_string(&pending)
             .map_err(|err| RegistryError::Internal(err.to_string()))?;
+        let nonce = format!(
+            "{:032x}{:032x}",
+            rand::random::<u128>(),
+            rand::random::<u128>()
+        );
         let now = Utc::now();
         self.store
             .create_oauth_authorization(OAuthAuthorizationRow {
@@ -490,33 +586,81 @@ impl OAuthBroker {
                 payload: self.seal(&csrf, "authorization", &payload)?,
                 created_at: now,
                 expires_at: now + chrono::Duration::from_std(AUTHORIZATION_TTL).unwrap_or_default(),
+                browser_hash: token_fingerprint(&nonce),
             })
             .await
             .map_err(store_error)?;
-        Ok(ConnectOutcome::Redirect(session.auth_url))
+        Ok(ConnectOutcome::Redirect {
+            url: session.auth_url,
+            cookie: FlowCookie {
+                connection: row.name.clone(),
+                nonce,
+                secure: self.callback_url.starts_with("https://"),
+            },
+        })
     }
 
-    /// Finishes an authorization-code flow: takes its pending row (once),
-    /// exchanges the code and stores the tokens. Returns the connection's
-    /// name.
-    pub async fn callback(&self, params: CallbackParams) -> Result<String, RegistryError> {
+    /// Finishes an authorization-code flow: checks that the browser holds
+    /// the flow's cookie (`cookie`: the values of every cookie it sent, by
+    /// name), takes its pending row (once), exchanges the code and stores
+    /// the tokens. Returns the connection's name. A browser without the
+    /// cookie (or with another) is refused and the flow stays pending for
+    /// the browser that started it.
+    pub async fn callback(
+        &self,
+        params: CallbackParams,
+        cookie: impl Fn(&str) -> Option<String>,
+    ) -> Result<String, RegistryError> {
         self.keyring()?;
         let state = params
             .state
             .as_deref()
             .filter(|state| !state.is_empty() && state.len() <= 512)
             .ok_or_else(|| step("callback", "the redirect carries no state"))?;
+        let mismatch = || {
+            step(
+                "callback",
+                "state mismatch: no authorization is waiting for this state (used, expired or never started); press Connect again",
+            )
+        };
+        let waiting = self
+            .store
+            .get_oauth_authorization(state)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(mismatch)?;
+        let cookie_name = FlowCookie::name_for(&waiting.name);
+        let presented = cookie(&cookie_name).map(|nonce| token_fingerprint(&nonce));
+        let bound = presented.as_deref().is_some_and(|hash| {
+            !waiting.browser_hash.is_empty()
+                && quiver_model::token::TokenDigest::of(hash).matches(&waiting.browser_hash)
+        });
+        if !bound {
+            tracing::warn!(
+                target: "quiver::audit",
+                action = "oauth_callback_refused",
+                oauth_connection = %waiting.name,
+                cookie = if presented.is_some() { "wrong" } else { "missing" },
+                "oauth"
+            );
+            return Err(RegistryError::PermissionDenied(format!(
+                "oauth callback: this browser did not start the authorization of connection \
+                 {:?} (its cookie {cookie_name} is {}); finish it in the browser that pressed \
+                 Connect, where it is still waiting, or press Connect again here",
+                waiting.name,
+                if presented.is_some() {
+                    "wrong"
+                } else {
+                    "missing"
+                }
+            )));
+        }
         let pending = self
             .store
             .take_oauth_authorization(state)
             .await
             .map_err(store_error)?
-            .ok_or_else(|| {
-                step(
-                    "callback",
-                    "state mismatch: no authorization is waiting for this state (used, expired or never started); press Connect again",
-                )
-            })?;
+            .ok_or_else(mismatch)?;
         let name = pending.name.clone();
         let result = self.finish_authorization(pending, &params).await;
         self.note_failure(&name, &result).await;
@@ -669,11 +813,23 @@ impl OAuthBroker {
         name: &str,
         renewal: Renewal<'_>,
     ) -> Result<IssuedToken, RegistryError> {
+        let actor = self.holder.clone();
+        self.access_token_for(name, renewal, &actor).await
+    }
+
+    /// [`OAuthBroker::access_token`] asked by `actor` (the worker, audited
+    /// with a step-up).
+    pub async fn access_token_for(
+        &self,
+        name: &str,
+        renewal: Renewal<'_>,
+        actor: &str,
+    ) -> Result<IssuedToken, RegistryError> {
         self.keyring()?;
         let rejected = match renewal {
             Renewal::Current => None,
             Renewal::Rejected(fingerprint) => Some(fingerprint),
-            Renewal::StepUp(scope) => return self.step_up(name, scope).await,
+            Renewal::StepUp(scope) => return self.step_up(name, scope, actor).await,
         };
         let row = self.row(name).await?;
         if let Some(token) = self.usable(&row, rejected)? {
@@ -861,30 +1017,31 @@ impl OAuthBroker {
     }
 
     /// Step-up: the server answered 403 `insufficient_scope` asking for
-    /// `scope`. The connection's scopes become what it was granted plus
+    /// `scope`. Only within the connection's ceiling
+    /// ([`OAuthConnectionSpec::scope_ceiling`]: `max_scopes`, else the
+    /// configured scopes, so by default nothing widens): a scope beyond it
+    /// is refused with an error naming the ceiling, and the connection is
+    /// left as it is. Within it, the connection's scopes become the
+    /// configured ones plus what it was granted (within the ceiling) plus
     /// what the server asks for, which drops its tokens (they were granted
     /// for less). Client credentials get a token for the wider scopes at
     /// once (through the refresh lease, so once across replicas); an
-    /// authorization-code connection needs a person to consent again. Scopes
-    /// asked for already change nothing: the caller gets the current token
-    /// and gives up if it is the one refused, so there is no loop.
-    async fn step_up(&self, name: &str, scope: &str) -> Result<IssuedToken, RegistryError> {
+    /// authorization-code connection needs a person to consent again.
+    /// Scopes asked for already change nothing: the caller gets the current
+    /// token and gives up if it is the one refused, so there is no loop.
+    /// `actor` (who asked: the worker) is audited.
+    async fn step_up(
+        &self,
+        name: &str,
+        scope: &str,
+        actor: &str,
+    ) -> Result<IssuedToken, RegistryError> {
         let row = self.row(name).await?;
         let mut spec = Self::spec_of(&row)?;
         let granted = self
             .credentials_of(&row)?
             .map(|credentials| credentials.granted_scopes)
             .unwrap_or_default();
-        let mut scopes = spec.scopes.clone();
-        for wanted in granted
-            .iter()
-            .map(String::as_str)
-            .chain(scope.split_whitespace())
-        {
-            if !scopes.iter().any(|known| known == wanted) {
-                scopes.push(wanted.to_owned());
-            }
-        }
         let missing: Vec<&str> = scope
             .split_whitespace()
             .filter(|wanted| {
@@ -901,6 +1058,48 @@ impl OAuthBroker {
             // once more only if it differs from the refused one.
             return Box::pin(self.access_token(name, Renewal::Current)).await;
         }
+        let ceiling = spec.scope_ceiling().to_vec();
+        let beyond: Vec<&str> = missing
+            .iter()
+            .copied()
+            .filter(|wanted| !ceiling.iter().any(|allowed| allowed == wanted))
+            .collect();
+        if !beyond.is_empty() {
+            metrics::counter!("quiver_oauth_step_ups_total", "result" => "refused").increment(1);
+            tracing::warn!(
+                target: "quiver::audit",
+                action = "oauth_step_up_refused",
+                oauth_connection = %name,
+                actor = %actor,
+                scope = %beyond.join(" "),
+                "oauth"
+            );
+            let source = if spec.max_scopes.is_some() {
+                "max_scopes"
+            } else {
+                "its configured scopes (max_scopes not set)"
+            };
+            return Err(step(
+                "step-up",
+                format!(
+                    "connection {name:?} may not widen to scope {}: outside its ceiling \
+                     [{}] ({source}); an admin can raise max_scopes",
+                    beyond.join(" "),
+                    ceiling.join(" ")
+                ),
+            ));
+        }
+        let mut scopes = spec.scopes.clone();
+        for wanted in granted
+            .iter()
+            .map(String::as_str)
+            .filter(|held| ceiling.iter().any(|allowed| allowed == held))
+            .chain(missing.iter().copied())
+        {
+            if !scopes.iter().any(|known| known == wanted) {
+                scopes.push(wanted.to_owned());
+            }
+        }
         spec.scopes = scopes;
         spec.validate().map_err(|err| step("step-up", err))?;
         let row = self
@@ -908,7 +1107,8 @@ impl OAuthBroker {
             .put_oauth_connection(name, spec.config_json(), SecretUpdate::Keep)
             .await
             .map_err(store_error)?;
-        audit("oauth_step_up", name, &self.holder, None);
+        metrics::counter!("quiver_oauth_step_ups_total", "result" => "widened").increment(1);
+        audit("oauth_step_up", name, actor, None);
         let missing = missing.join(" ");
         match spec.grant {
             Grant::ClientCredentials => Box::pin(self.access_token(name, Renewal::Current)).await,

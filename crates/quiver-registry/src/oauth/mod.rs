@@ -3,6 +3,7 @@
 //! flows and hands workers access tokens ([`broker`]).
 
 pub mod broker;
+pub mod egress;
 pub mod rest;
 pub mod seal;
 pub mod spec;

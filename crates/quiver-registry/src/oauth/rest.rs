@@ -3,7 +3,8 @@
 //! /admin/api/oauth/connections/{name}`, `POST
 //! /admin/api/oauth/connections/{name}/connect`; and the browser's way back
 //! from the authorization server, `GET /admin/oauth/callback`, which needs no
-//! token: it carries the flow's one-time `state` instead.
+//! token: it carries the flow's one-time `state` instead, and completes only
+//! in the browser that pressed Connect (the flow's cookie, set by Connect).
 
 use axum::Router;
 use axum::body::Bytes;
@@ -86,20 +87,45 @@ async fn connect(
     Path(name): Path<String>,
 ) -> Result<Response, RegistryError> {
     Ok(match state.oauth.connect(&name, &actor).await? {
-        ConnectOutcome::Redirect(url) => axum::Json(json!({ "authorization_url": url })),
-        ConnectOutcome::Connected(view) => axum::Json(json!({ "connection": view })),
-    }
-    .into_response())
+        // The browser that pressed Connect gets the flow's cookie; only it
+        // can complete the flow at the callback.
+        ConnectOutcome::Redirect { url, cookie } => (
+            [(header::SET_COOKIE, cookie.header_value())],
+            axum::Json(json!({ "authorization_url": url })),
+        )
+            .into_response(),
+        ConnectOutcome::Connected(view) => {
+            axum::Json(json!({ "connection": view })).into_response()
+        }
+    })
+}
+
+/// The value of cookie `name` among the request's `Cookie` headers.
+fn cookie_value(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.trim_matches('"').to_owned())
 }
 
 /// `GET /admin/oauth/callback`: on success back to the web admin's OAuth
 /// page; on failure a page naming the failed step (nothing was stored).
 pub async fn callback(
     State(state): State<RegistryState>,
+    headers: axum::http::HeaderMap,
     params: Result<Query<CallbackParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let result = match params {
-        Ok(Query(params)) => state.oauth.callback(params).await,
+        Ok(Query(params)) => {
+            state
+                .oauth
+                .callback(params, |name| cookie_value(&headers, name))
+                .await
+        }
         Err(err) => Err(RegistryError::InvalidArgument {
             field: None,
             message: format!("oauth callback: malformed query: {err}"),
@@ -108,10 +134,21 @@ pub async fn callback(
     match result {
         Ok(name) => (
             StatusCode::SEE_OTHER,
-            [(
-                header::LOCATION,
-                format!("/admin/oauth?connected={}", url_component(&name)),
-            )],
+            [
+                (
+                    header::LOCATION,
+                    format!("/admin/oauth?connected={}", url_component(&name)),
+                ),
+                // The flow is done: its cookie is of no further use.
+                (
+                    header::SET_COOKIE,
+                    format!(
+                        "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
+                        super::broker::FlowCookie::name_for(&name),
+                        super::broker::CALLBACK_PATH
+                    ),
+                ),
+            ],
         )
             .into_response(),
         Err(err) => {

@@ -52,6 +52,11 @@ pub struct OAuthConnectionSpec {
     /// Scopes to ask for; empty: what the server's metadata suggests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
+    /// The widest scopes a step-up (a server's 403 `insufficient_scope`
+    /// relayed by a worker) may widen the connection to; absent: `scopes`,
+    /// i.e. a step-up never widens. Set by an admin only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_scopes: Option<Vec<String>>,
 }
 
 /// Checks a connection name (the records' `http.auth_ref`).
@@ -159,6 +164,23 @@ impl OAuthConnectionSpec {
         for (index, scope) in self.scopes.iter().enumerate() {
             check_value(&format!("scopes[{index}]"), scope)?;
         }
+        if let Some(ceiling) = &self.max_scopes {
+            if ceiling.len() > MAX_SCOPES {
+                return Err(RegistryError::invalid(
+                    "max_scopes",
+                    format!("at most {MAX_SCOPES} scopes"),
+                ));
+            }
+            for (index, scope) in ceiling.iter().enumerate() {
+                check_value(&format!("max_scopes[{index}]"), scope)?;
+            }
+            if let Some(outside) = self.scopes.iter().find(|s| !ceiling.contains(s)) {
+                return Err(RegistryError::invalid(
+                    "max_scopes",
+                    format!("must include every scope of scopes; {outside:?} is missing"),
+                ));
+            }
+        }
         if self.grant == Grant::ClientCredentials && self.client_id.is_none() {
             return Err(RegistryError::invalid(
                 "client_id",
@@ -166,6 +188,11 @@ impl OAuthConnectionSpec {
             ));
         }
         Ok(())
+    }
+
+    /// The widest scopes a step-up may reach: `max_scopes`, else `scopes`.
+    pub fn scope_ceiling(&self) -> &[String] {
+        self.max_scopes.as_deref().unwrap_or(&self.scopes)
     }
 
     /// The settings as stored (no secret).

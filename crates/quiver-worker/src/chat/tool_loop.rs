@@ -344,7 +344,12 @@ impl ToolLoop<'_> {
                 ..
             }) = self
                 .runner
-                .request_approval(self.task, tool, Some(call.arguments.clone()))
+                .request_approval(
+                    self.task,
+                    self.context.caller,
+                    tool,
+                    Some(call.arguments.clone()),
+                )
                 .await
             {
                 pending.push(
@@ -376,7 +381,13 @@ impl ToolLoop<'_> {
             }
             match self
                 .runner
-                .use_approval(self.task, tool, Some(call.arguments.clone()), id)
+                .use_approval(
+                    self.task,
+                    self.context.caller,
+                    tool,
+                    Some(call.arguments.clone()),
+                    id,
+                )
                 .await
             {
                 Ok(()) => {

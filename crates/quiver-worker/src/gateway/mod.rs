@@ -13,6 +13,7 @@
 
 pub mod peer;
 pub mod rebinding;
+pub mod revoked;
 pub mod scope;
 pub mod server;
 pub mod session_id;
@@ -26,6 +27,8 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode};
 use quiver_mcp::ErrorCode;
+use quiver_model::policy::server_selected;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde::Deserialize;
@@ -33,8 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::ToolRunner;
 use crate::error::ErrorObject;
+use crate::gateway::revoked::Revoked;
+use crate::gateway::scope::Scope;
 use crate::gateway::server::{GatewayRequest, GatewayServer, Shared};
-use crate::gateway::session_id::{Binding, SessionSigner};
+use crate::gateway::session_id::{Binding, SessionSigner, SessionToken, now_ms};
+use crate::gateway::sessions::{Full, SessionCaller};
 use crate::gateway::store::GatewaySessionStore;
 
 /// The MCP session header (streamable HTTP transport).
@@ -73,14 +79,41 @@ pub struct GatewayOptions {
     /// The fleet's secret for signing session ids; `None`: a random one
     /// (sessions then only resume on the worker that opened them).
     pub session_secret: Option<Vec<u8>>,
-    /// Sessions open at once on this worker; `initialize` beyond is refused
-    /// (503 `mcp_unavailable`).
+    /// Sessions open at once on this worker, opened here or resumed from
+    /// another worker; `initialize` or a resume beyond is refused (503
+    /// `mcp_unavailable`).
     pub max_sessions: usize,
+    /// Sessions one caller (token) may hold open at once on this worker;
+    /// `None`: a quarter of `max_sessions` (at least 1). Beyond: 503
+    /// `mcp_unavailable` naming it; other callers are unaffected.
+    pub max_sessions_per_caller: Option<usize>,
+    /// A session id is served this long after it was issued, then answered
+    /// 404 (the client initializes again).
+    pub max_session_lifetime: Duration,
     /// A session unused this long is dropped from memory (its signed id
     /// still resumes it).
     pub session_idle: Duration,
     /// Largest request body.
     pub max_request_bytes: usize,
+    /// The registry's memory of deleted sessions (shared by the fleet);
+    /// `None`: deletions are remembered by this worker alone.
+    pub registry: Option<quiver_sync::RegistrySessions>,
+}
+
+/// Longest `max_session_lifetime` (the registry remembers a deletion at most
+/// this long).
+pub const MAX_SESSION_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// JSON nested deeper than this is refused at the edge (-32700), before
+/// any parser recurses into it.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+impl GatewayOptions {
+    /// The per-caller session cap in effect.
+    pub fn per_caller_cap(&self) -> usize {
+        self.max_sessions_per_caller
+            .unwrap_or((self.max_sessions / 4).max(1))
+    }
 }
 
 impl Default for GatewayOptions {
@@ -90,8 +123,11 @@ impl Default for GatewayOptions {
             allowed_origins: Vec::new(),
             session_secret: None,
             max_sessions: 10_000,
+            max_sessions_per_caller: None,
+            max_session_lifetime: Duration::from_secs(24 * 3600),
             session_idle: Duration::from_secs(600),
             max_request_bytes: crate::http::MAX_REQUEST_BODY_BYTES,
+            registry: None,
         }
     }
 }
@@ -104,6 +140,8 @@ pub struct Gateway {
 
 struct Inner {
     service: StreamableHttpService<GatewayServer, LocalSessionManager>,
+    manager: Arc<LocalSessionManager>,
+    revoked: Revoked,
     shared: Arc<Shared>,
     signer: SessionSigner,
     store: Arc<GatewaySessionStore>,
@@ -132,6 +170,46 @@ struct Envelope<'a> {
     error: Option<&'a serde_json::value::RawValue>,
     #[serde(borrow)]
     params: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a serde_json::value::RawValue>,
+}
+
+/// How deep `body` nests arrays and objects (outside strings), counting
+/// no further than `limit + 1`.
+fn json_depth(body: &[u8], limit: usize) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in body {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                if deepest > limit {
+                    return deepest;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Whether a JSON-RPC id is one MCP allows: a string or an integer.
+fn valid_id(id: &serde_json::value::RawValue) -> bool {
+    let text = id.get();
+    (text.starts_with('"') && serde_json::from_str::<String>(text).is_ok())
+        || serde_json::from_str::<i64>(text).is_ok()
 }
 
 #[derive(Deserialize)]
@@ -170,6 +248,19 @@ fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
             &format!("Invalid Request: {detail}"),
         )
     };
+    let parse_error = |detail: &str| {
+        jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32700,
+            &format!("Parse error: {detail}"),
+        )
+    };
+    // Depth first: no parser (ours or rmcp's) recurses into a hostile body.
+    if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+        return Err(parse_error(&format!(
+            "JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        )));
+    }
     let envelope: Envelope<'_> = match serde_json::from_slice(body) {
         Ok(envelope) => envelope,
         // Valid JSON of another shape (an array, a number, fields of the
@@ -177,18 +268,31 @@ fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
         Err(err) if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() => {
             return Err(invalid(&err.to_string()));
         }
-        Err(err) => {
-            return Err(jsonrpc_error(
-                StatusCode::BAD_REQUEST,
-                -32700,
-                &format!("Parse error: {err}"),
-            ));
-        }
+        Err(err) => return Err(parse_error(&err.to_string())),
     };
     if envelope.jsonrpc != Some("2.0")
         || (envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none())
     {
         return Err(invalid("the body must be one JSON-RPC 2.0 message"));
+    }
+    // A request or a result names its id: a string or an integer (MCP: not
+    // null); an error may carry a null id (JSON-RPC 2.0 §5).
+    let null_allowed = envelope.error.is_some() && envelope.method.is_none();
+    match envelope.id {
+        Some(id) if id.get() == "null" && null_allowed => {}
+        Some(id) if !valid_id(id) => {
+            return Err(invalid("id must be a string or an integer"));
+        }
+        None if envelope.method.is_none() => {
+            return Err(invalid("a response must carry the id of its request"));
+        }
+        _ => {}
+    }
+    // The whole message as the transport will read it: what it cannot
+    // read is refused here with the JSON-RPC error, not by the transport
+    // as an unsupported media type.
+    if let Err(err) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(body) {
+        return Err(invalid(&err.to_string()));
     }
     let method = envelope.method.map(|m| m.into_owned()).unwrap_or_default();
     let protocol_version = (method == "initialize")
@@ -227,9 +331,10 @@ impl Gateway {
             .with_max_request_body_bytes(options.max_request_bytes);
         config.session_store = Some(store.clone());
         let factory_shared = shared.clone();
+        let manager = Arc::new(manager);
         let service = StreamableHttpService::new(
             move || Ok(GatewayServer::new(factory_shared.clone())),
-            Arc::new(manager),
+            manager.clone(),
             config,
         );
         let signer = options
@@ -239,6 +344,8 @@ impl Gateway {
         Gateway {
             inner: Arc::new(Inner {
                 service,
+                manager,
+                revoked: Revoked::new(options.registry.clone()),
                 shared,
                 signer,
                 store,
@@ -269,7 +376,10 @@ impl Gateway {
             endpoint: &endpoint,
         };
         let mut request_info = routed.request;
-        // A presented session must be signed for this caller and endpoint.
+        // Whether the request resumes a session this worker does not hold.
+        let mut resumes = false;
+        // A presented session must be signed for this caller and endpoint,
+        // unexpired and not deleted.
         if let Some(presented) = parts.headers.get(SESSION_HEADER) {
             let token = presented
                 .to_str()
@@ -282,6 +392,11 @@ impl Gateway {
                     "Session not found: unknown, expired or not signed for this caller and endpoint; initialize a new session",
                 ));
             };
+            let held = match self.admit_session(&token, &method).await {
+                Ok(held) => held,
+                Err(refused) => return self.count(&method, "", refused),
+            };
+            resumes = !held && method != http::Method::DELETE;
             request_info.session_id = Some(token.inner.clone());
             self.inner
                 .store
@@ -321,21 +436,43 @@ impl Gateway {
             .map(|p| (p.method, p.protocol_version.unwrap_or_default()))
             .unwrap_or_default();
         let initialize = rpc_method == "initialize";
-        if initialize && self.inner.shared.sessions.len() >= self.inner.options.max_sessions {
-            let error = ErrorObject::new(
-                ErrorCode::McpUnavailable,
-                format!(
-                    "gateway session capacity reached (max_sessions = {}); retry later",
-                    self.inner.options.max_sessions
-                ),
-            )
-            .with_retryable(true);
-            return self.count(
-                &method,
-                &rpc_method,
-                crate::http::ApiError::from(error).into_response(),
-            );
+        if initialize && let Err(refused) = self.check_scope(&request_info) {
+            return self.count(&method, &rpc_method, refused);
         }
+        // A session opened or resumed here takes a slot (both caps) for the
+        // length of the request; once open it counts by itself.
+        let _admission = if initialize || resumes {
+            let options = &self.inner.options;
+            match self.inner.shared.sessions.admit(
+                &routed.caller_key,
+                options.max_sessions,
+                options.per_caller_cap(),
+            ) {
+                Ok(admission) => Some(admission),
+                Err(full) => {
+                    let message = match full {
+                        Full::Sessions(cap) => format!(
+                            "gateway session capacity reached (max_sessions = {cap}); retry later"
+                        ),
+                        Full::Caller(cap) => format!(
+                            "this caller's gateway sessions reached max_sessions_per_caller = {cap}; end one (DELETE) or retry later"
+                        ),
+                    };
+                    let error =
+                        ErrorObject::new(ErrorCode::McpUnavailable, message).with_retryable(true);
+                    return self.count(
+                        &method,
+                        &rpc_method,
+                        crate::http::ApiError::from(error).into_response(),
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        parts
+            .extensions
+            .insert(SessionCaller(routed.caller_key.clone()));
         parts.extensions.insert(request_info);
         let response = self
             .inner
@@ -349,13 +486,104 @@ impl Gateway {
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
         {
-            let signed = self.inner.signer.sign(inner, &protocol_version, &binding);
+            let signed = self
+                .inner
+                .signer
+                .sign(inner, &protocol_version, now_ms(), &binding);
             if let Ok(signed) = HeaderValue::from_str(&signed) {
                 response_parts.headers.insert(SESSION_HEADER, signed);
             }
         }
         let response = Response::from_parts(response_parts, Body::new(response_body));
         self.count(&method, &rpc_method, response)
+    }
+
+    /// Judges a verified session id before its request is served: 404 when
+    /// it expired or was deleted (here, through another worker, or now:
+    /// a `DELETE` is remembered and told to the registry first); otherwise
+    /// whether this worker holds the session.
+    async fn admit_session(
+        &self,
+        token: &SessionToken,
+        method: &http::Method,
+    ) -> Result<bool, Response> {
+        let lifetime = self.inner.options.max_session_lifetime;
+        let expires_ms = token.expires_ms(lifetime);
+        let session_id: rmcp::transport::streamable_http_server::SessionId =
+            Arc::from(token.inner.as_str());
+        if now_ms() >= expires_ms {
+            // Held here: it ends now rather than when idle.
+            let _ = self.inner.manager.close_session(&session_id).await;
+            return Err(jsonrpc_error(
+                StatusCode::NOT_FOUND,
+                -32001,
+                &format!(
+                    "Session not found: expired (max_session_lifetime = {} s); initialize a new session",
+                    lifetime.as_secs()
+                ),
+            ));
+        }
+        let held = self
+            .inner
+            .manager
+            .has_session(&session_id)
+            .await
+            .unwrap_or(false);
+        let digest = token.digest();
+        if *method == http::Method::DELETE {
+            // Remembered (and told to the registry) before the session
+            // closes, so no concurrent request restores it meanwhile.
+            self.inner.revoked.revoke(&digest, expires_ms).await;
+            self.inner.revoked.forget_check(&digest);
+        } else if self.inner.revoked.is_revoked(&digest, held).await {
+            if held {
+                // Deleted through another worker: it ends here too.
+                let _ = self.inner.manager.close_session(&session_id).await;
+            }
+            self.inner.revoked.forget_check(&digest);
+            return Err(jsonrpc_error(
+                StatusCode::NOT_FOUND,
+                -32001,
+                "Session not found: the session was deleted; initialize a new session",
+            ));
+        }
+        Ok(held)
+    }
+
+    /// Refuses an `initialize` at an endpoint that would serve the caller
+    /// nothing: `/mcp/{id}` or `/mcp?server_ids=…` naming only servers that
+    /// are absent or that the caller's task does not select (404, naming
+    /// them); no session is created.
+    #[expect(clippy::result_large_err, reason = "the error is the response itself")]
+    fn check_scope(&self, request: &GatewayRequest) -> Result<(), Response> {
+        let named: Vec<&String> = match &request.scope {
+            Scope::Server(id) => vec![id],
+            Scope::Catalog {
+                server_ids: Some(ids),
+            } => ids.iter().collect(),
+            Scope::Catalog { server_ids: None } => return Ok(()),
+        };
+        let snapshot = self.inner.shared.snapshot.current();
+        let available = |id: &String| {
+            snapshot.get(id).is_some_and(|server| {
+                server_selected(&server.spec, &request.task.policy, None).is_ok()
+            })
+        };
+        if named.iter().any(|id| available(id)) {
+            return Ok(());
+        }
+        let error = ErrorObject::new(
+            ErrorCode::NotFound,
+            format!(
+                "no server available to this caller at this endpoint: {}",
+                named
+                    .iter()
+                    .map(|id| format!("{id:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+        Err(crate::http::ApiError::from(error).into_response())
     }
 
     /// Counts a request in `mcp_gateway_requests_total`.
@@ -416,6 +644,53 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":7}"#,
         ] {
             assert_eq!(code_of(invalid), Some(400), "{invalid}");
+        }
+    }
+
+    fn rpc_code_of(body: &str) -> (u16, i64) {
+        let response = jsonrpc_envelope(body.as_bytes())
+            .err()
+            .unwrap_or_else(|| panic!("{body} accepted"));
+        let status = response.status().as_u16();
+        let bytes =
+            futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 16))
+                .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON error");
+        (status, body["error"]["code"].as_i64().unwrap_or_default())
+    }
+
+    #[test]
+    fn bad_ids_and_deep_nesting_are_refused_with_their_jsonrpc_codes() {
+        for bad_id in [
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":[1],"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":true,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":7}"#,
+        ] {
+            assert_eq!(rpc_code_of(bad_id), (400, -32600), "{bad_id}");
+        }
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"x","arguments":{{"a":{}1{}}}}}}}"#,
+            "[".repeat(5_000),
+            "]".repeat(5_000)
+        );
+        assert_eq!(rpc_code_of(&deep), (400, -32700));
+        // Brackets inside strings do not count.
+        let quoted = format!(
+            r#"{{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{{"name":"x","arguments":{{"s":"{}\"{}"}}}}}}"#,
+            "[".repeat(5_000),
+            "{".repeat(10)
+        );
+        assert!(jsonrpc_envelope(quoted.as_bytes()).is_ok());
+        for fine in [
+            r#"{"jsonrpc":"2.0","id":"x","method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":-3,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        ] {
+            assert!(jsonrpc_envelope(fine.as_bytes()).is_ok(), "{fine}");
         }
     }
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use quiver_mcp::leases::SessionKey;
+use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::relay::CallAttachment;
 use quiver_mcp::{CallOptions, ForwardError};
 use quiver_model::StoredServer;
@@ -25,6 +25,7 @@ use quiver_model::naming::{injected_name, parse_injected_name};
 use quiver_model::policy::{
     ServerContentFilter, SessionFilter, check_session_within_task, server_selected,
 };
+use quiver_model::resource_uri;
 use quiver_sync::Snapshot;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
@@ -39,7 +40,7 @@ use rmcp::model::{
 use rmcp::service::{Peer, RequestContext, ServiceError};
 use rmcp::{RoleClient, RoleServer, ServerHandler};
 
-use crate::auth::Task;
+use crate::auth::{CallerId, Task};
 use crate::call::{CallContext, CallError, ToolRunner};
 use crate::catalog::{Catalog, CatalogTool};
 use crate::error::ErrorObject;
@@ -52,6 +53,8 @@ use crate::gateway::sessions::{LiveSession, LiveSessions, RELAY_SLOTS, Registere
 pub struct GatewayRequest {
     /// The caller's task.
     pub task: Task,
+    /// The caller (the owner of the session's per-session connections).
+    pub caller: CallerId,
     /// The endpoint.
     pub scope: Scope,
     /// The worker's id of the HTTP request (`x-request-id`).
@@ -62,10 +65,14 @@ pub struct GatewayRequest {
 }
 
 impl GatewayRequest {
-    /// The caller's session as per-session connections are keyed.
+    /// The caller's session as per-session connections are keyed: the
+    /// caller's own, in the gateway's namespace (a tool API caller naming
+    /// this id as `x-quiver-session` has another session).
     pub fn session_key(&self) -> Option<SessionKey> {
         self.session_id.as_ref().map(|id| SessionKey {
+            caller: self.caller.principal(),
             task: self.task.name.clone(),
+            kind: SessionKind::Gateway,
             session_id: id.clone(),
         })
     }
@@ -147,6 +154,29 @@ impl GatewayServer {
 
 fn not_found(what: &str) -> ErrorData {
     ErrorData::new(RpcCode::RESOURCE_NOT_FOUND, what.to_owned(), None)
+}
+
+/// Refuses `uri` unless `filter` allows it (docs/reference.md §13.5): a
+/// URI refused as such (dot segment, control character, …) is -32602
+/// naming why, one the patterns leave out -32002 as if it did not exist.
+/// Nothing refused reaches the server.
+fn resource_allowed(filter: &ServerContentFilter, uri: &str) -> Result<(), ErrorData> {
+    match filter.judge_resource(uri) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(not_found(&format!(
+            "resource {uri:?} is not available to this caller"
+        ))),
+        Err(refusal) => Err(uri_refused(uri, refusal)),
+    }
+}
+
+fn uri_refused(uri: &str, refusal: resource_uri::UriRefusal) -> ErrorData {
+    ErrorData::invalid_params(
+        format!(
+            "resource URI {uri:?} refused: {refusal} (allowed_resources, docs/reference.md §13.5)"
+        ),
+        None,
+    )
 }
 
 /// A forwarded request's failure as the client sees it: the server's own
@@ -386,12 +416,7 @@ impl GatewayServer {
         server: &Arc<StoredServer>,
         params: ReadResourceRequestParams,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        if !Self::content_filter(server)?.allows_resource(&params.uri) {
-            return Err(not_found(&format!(
-                "resource {:?} is not available to this caller",
-                params.uri
-            )));
-        }
+        resource_allowed(&Self::content_filter(server)?, &params.uri)?;
         self.forward(request, server, |peer| async move {
             peer.read_resource(params).await
         })
@@ -419,7 +444,7 @@ impl GatewayServer {
             Some(id) => id,
             None => {
                 let refusal = runner
-                    .request_approval(&request.task, tool, arguments.clone())
+                    .request_approval(&request.task, Some(request.caller), tool, arguments.clone())
                     .await?;
                 let CallError::ApprovalRequired {
                     approval_id: Some(id),
@@ -435,7 +460,7 @@ impl GatewayServer {
             }
         };
         runner
-            .use_approval(&request.task, tool, arguments, &id)
+            .use_approval(&request.task, Some(request.caller), tool, arguments, &id)
             .await
     }
 
@@ -530,6 +555,7 @@ impl ServerHandler for GatewayServer {
             .registered
             .set(self.shared.sessions.register(LiveSession {
                 peer: context.peer.clone(),
+                caller: crate::gateway::sessions::caller_of(&context),
                 task: request.task.clone(),
                 scope: request.scope.clone(),
                 subscriptions: Default::default(),
@@ -597,11 +623,14 @@ impl ServerHandler for GatewayServer {
         {
             return Ok(tool_error(&refusal).into());
         }
-        let attachment = self.registered.get().map(|registered| CallAttachment {
-            peer: Arc::new(DownstreamPeer {
-                session: registered.session.clone(),
-                request_id: context.id.clone(),
-            }),
+        let downstream = self.registered.get().map(|registered| {
+            Arc::new(DownstreamPeer::new(
+                registered.session.clone(),
+                context.id.clone(),
+            ))
+        });
+        let attachment = downstream.clone().map(|peer| CallAttachment {
+            peer,
             progress_token: context.meta.get_progress_token(),
         });
         let call = CallContext {
@@ -613,6 +642,8 @@ impl ServerHandler for GatewayServer {
                 session: None,
             },
             artifacts_owner: None,
+            caller: Some(request.caller),
+            session_kind: SessionKind::Gateway,
         };
         let runner = &self.shared.runner;
         let run = async {
@@ -634,6 +665,10 @@ impl ServerHandler for GatewayServer {
                 return Err(ErrorData::internal_error("request cancelled by the client", None));
             }
         };
+        // What the server sent about the call reaches the client first.
+        if let Some(peer) = &downstream {
+            peer.flush().await;
+        }
         Ok(match done {
             Ok(done) => done.outcome.result,
             Err(err) => tool_error(&err),
@@ -761,6 +796,9 @@ impl ServerHandler for GatewayServer {
         }
         // The catalog endpoint keeps resource URIs as the servers give them:
         // the first server that allows and has the resource answers.
+        if let Err(refusal) = resource_uri::check(&params.uri) {
+            return Err(uri_refused(&params.uri, refusal));
+        }
         for server in self.servers(&request)? {
             if !Self::content_filter(&server)?.allows_resource(&params.uri) {
                 continue;
@@ -786,12 +824,7 @@ impl ServerHandler for GatewayServer {
     ) -> Result<(), ErrorData> {
         let request = self.request_of(&context)?;
         let server = self.single(&request, "resources/subscribe")?;
-        if !Self::content_filter(&server)?.allows_resource(&params.uri) {
-            return Err(not_found(&format!(
-                "resource {:?} is not available to this caller",
-                params.uri
-            )));
-        }
+        resource_allowed(&Self::content_filter(&server)?, &params.uri)?;
         let uri = params.uri.clone();
         self.forward(&request, &server, |peer| async move {
             peer.subscribe(params).await
@@ -815,6 +848,7 @@ impl ServerHandler for GatewayServer {
     ) -> Result<(), ErrorData> {
         let request = self.request_of(&context)?;
         let server = self.single(&request, "resources/unsubscribe")?;
+        resource_allowed(&Self::content_filter(&server)?, &params.uri)?;
         let Some(registered) = self.registered.get() else {
             return Ok(());
         };
@@ -858,10 +892,46 @@ impl ServerHandler for GatewayServer {
                 None,
             ));
         }
-        self.forward(&request, &server, |peer| async move {
-            peer.complete(params).await
-        })
-        .await
+        // A resource template's values are judged as the URIs they make
+        // (docs/reference.md §13.5): one that names a resource the caller
+        // may not use is left out.
+        let template = match &params.r#ref {
+            Reference::Resource(template) => Some((
+                template.uri.clone(),
+                params.argument.name.clone(),
+                params
+                    .context
+                    .as_ref()
+                    .and_then(|context| context.arguments.clone())
+                    .unwrap_or_default(),
+            )),
+            _ => None,
+        };
+        let mut completed: CompleteResult = self
+            .forward(&request, &server, |peer| async move {
+                peer.complete(params).await
+            })
+            .await?;
+        if let Some((uri, argument, context)) = template {
+            let before = completed.completion.values.len();
+            completed.completion.values.retain(|value| {
+                let expanded = resource_uri::expand_template(&uri, |name| {
+                    if name == argument {
+                        Some(value.as_str())
+                    } else {
+                        context.get(name).map(String::as_str)
+                    }
+                });
+                filter.allows_resource(&expanded)
+            });
+            let removed = before - completed.completion.values.len();
+            if removed > 0
+                && let Some(total) = completed.completion.total.as_mut()
+            {
+                *total = total.saturating_sub(u32::try_from(removed).unwrap_or(u32::MAX));
+            }
+        }
+        Ok(completed)
     }
 
     /// Sets the level of the server's log messages relayed to this session.

@@ -45,6 +45,37 @@ pub struct SessionToken {
     pub inner: String,
     /// The protocol version the client asked for in `initialize`.
     pub protocol_version: String,
+    /// When the id was issued, in Unix milliseconds.
+    pub issued_ms: u64,
+}
+
+impl SessionToken {
+    /// When the id stops being served (Unix milliseconds) under `lifetime`.
+    pub fn expires_ms(&self, lifetime: std::time::Duration) -> u64 {
+        self.issued_ms
+            .saturating_add(u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// The lowercase hex SHA-256 of the session's inner id: how the fleet
+    /// names the session when it remembers its deletion.
+    pub fn digest(&self) -> String {
+        session_digest(&self.inner)
+    }
+}
+
+/// The lowercase hex SHA-256 of a session's inner id.
+pub fn session_digest(inner: &str) -> String {
+    Sha256::digest(inner.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The current time in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Signs and verifies session ids with the fleet's key.
@@ -85,9 +116,21 @@ impl SessionSigner {
         SessionSigner::new(&rand::random::<[u8; 32]>())
     }
 
-    fn tag(&self, inner: &str, protocol_version: &str, binding: &Binding<'_>) -> [u8; TAG_BYTES] {
+    fn tag(
+        &self,
+        inner: &str,
+        protocol_version: &str,
+        issued: &str,
+        binding: &Binding<'_>,
+    ) -> [u8; TAG_BYTES] {
         let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes any key length");
-        for part in [inner, protocol_version, binding.caller, binding.endpoint] {
+        for part in [
+            inner,
+            protocol_version,
+            issued,
+            binding.caller,
+            binding.endpoint,
+        ] {
             // Length-prefixed, so no two splits of the same bytes collide.
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
@@ -98,25 +141,35 @@ impl SessionSigner {
         tag
     }
 
-    /// The id given to the client for rmcp's session `inner`.
-    pub fn sign(&self, inner: &str, protocol_version: &str, binding: &Binding<'_>) -> String {
+    /// The id given to the client for rmcp's session `inner`, issued at
+    /// `issued_ms` (Unix milliseconds).
+    pub fn sign(
+        &self,
+        inner: &str,
+        protocol_version: &str,
+        issued_ms: u64,
+        binding: &Binding<'_>,
+    ) -> String {
+        let issued = issued_ms.to_string();
         format!(
-            "{inner}.{}.{}",
+            "{inner}.{}.{issued}.{}",
             URL_SAFE_NO_PAD.encode(protocol_version),
-            URL_SAFE_NO_PAD.encode(self.tag(inner, protocol_version, binding))
+            URL_SAFE_NO_PAD.encode(self.tag(inner, protocol_version, &issued, binding))
         )
     }
 
-    /// The session of an id a client presented, if it is signed for `binding`.
+    /// The session of an id a client presented, if it is signed for
+    /// `binding` (its age is the caller's to judge: [`SessionToken::expires_ms`]).
     pub fn verify(&self, presented: &str, binding: &Binding<'_>) -> Option<SessionToken> {
         if presented.len() > MAX_SESSION_ID_LEN {
             return None;
         }
-        let mut parts = presented.rsplitn(3, '.');
-        let (tag, version, inner) = (parts.next()?, parts.next()?, parts.next()?);
+        let mut parts = presented.rsplitn(4, '.');
+        let (tag, issued, version, inner) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         let version = String::from_utf8(URL_SAFE_NO_PAD.decode(version).ok()?).ok()?;
         let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
-        let expected = self.tag(inner, &version, binding);
+        let expected = self.tag(inner, &version, issued, binding);
         // Constant time: the comparison must not tell how much of a guess matched.
         if !bool::from(tag.as_slice().ct_eq(expected.as_slice())) {
             return None;
@@ -124,6 +177,7 @@ impl SessionSigner {
         Some(SessionToken {
             inner: inner.to_owned(),
             protocol_version: version,
+            issued_ms: issued.parse().ok()?,
         })
     }
 }
@@ -140,12 +194,17 @@ mod tests {
     #[test]
     fn a_signed_id_verifies_only_for_its_binding_and_key() {
         let signer = SessionSigner::new(b"fleet secret");
-        let id = signer.sign("0b5c-uuid", "2025-11-25", &BINDING);
+        let id = signer.sign("0b5c-uuid", "2025-11-25", 1_700_000_000_000, &BINDING);
         let token = SessionSigner::new(b"fleet secret")
             .verify(&id, &BINDING)
             .expect("same key verifies");
         assert_eq!(token.inner, "0b5c-uuid");
         assert_eq!(token.protocol_version, "2025-11-25");
+        assert_eq!(token.issued_ms, 1_700_000_000_000);
+        assert_eq!(
+            token.expires_ms(std::time::Duration::from_secs(1)),
+            1_700_000_001_000
+        );
 
         let other_caller = Binding {
             caller: "caller-b",
@@ -164,17 +223,20 @@ mod tests {
     #[test]
     fn tampered_or_malformed_ids_are_refused() {
         let signer = SessionSigner::new(b"k");
-        let id = signer.sign("abc", "2025-06-18", &BINDING);
-        let forged_version = format!(
-            "abc.{}.{}",
-            URL_SAFE_NO_PAD.encode("2025-11-25"),
-            id.rsplit('.').next().unwrap()
-        );
+        let id = signer.sign("abc", "2025-06-18", 1_000, &BINDING);
+        let tag = id.rsplit('.').next().unwrap();
+        let forged_version = format!("abc.{}.1000.{tag}", URL_SAFE_NO_PAD.encode("2025-11-25"));
+        // A later issue time (an expired id made young again) breaks the tag.
+        let forged_time = format!("abc.{}.9000.{tag}", URL_SAFE_NO_PAD.encode("2025-06-18"));
+        // The format before ids carried an issue time is refused.
+        let untimed = format!("abc.{}.{tag}", URL_SAFE_NO_PAD.encode("2025-06-18"));
         for bad in [
             "",
             "abc",
             "abc.def",
             &forged_version,
+            &forged_time,
+            &untimed,
             &id.replacen("abc", "abd", 1),
             &format!("{id}x"),
             &"a.".repeat(200),

@@ -31,10 +31,27 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Task;
 use crate::gateway::scope::Scope;
 
+/// The caller a request is for, as the edge attached it to the request
+/// (the digest sessions are bound to and counted by per caller).
+#[derive(Debug, Clone)]
+pub struct SessionCaller(pub String);
+
+/// The caller the edge attached to a request (empty when none was).
+pub fn caller_of(context: &rmcp::service::RequestContext<RoleServer>) -> String {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<SessionCaller>())
+        .map(|caller| caller.0.clone())
+        .unwrap_or_default()
+}
+
 /// One open session.
 pub struct LiveSession {
     /// The client.
     pub peer: Peer<RoleServer>,
+    /// Who opened it ([`SessionCaller`]).
+    pub caller: String,
     /// The caller's task when the session was opened.
     pub task: Task,
     /// The endpoint.
@@ -73,8 +90,53 @@ impl LiveSession {
 /// The sessions open on this worker.
 #[derive(Default)]
 pub struct LiveSessions {
-    sessions: Mutex<HashMap<u64, Arc<LiveSession>>>,
+    state: Mutex<State>,
     next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<u64, Arc<LiveSession>>,
+    /// Open sessions plus admissions, per caller.
+    held: HashMap<String, usize>,
+    /// Admissions not (yet) registered as sessions.
+    pending: usize,
+}
+
+impl State {
+    fn release(&mut self, caller: &str) {
+        if let Some(held) = self.held.get_mut(caller) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.held.remove(caller);
+            }
+        }
+    }
+}
+
+/// Why a session was not admitted: the cap reached, with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// `max_sessions`: sessions open on this worker.
+    Sessions(usize),
+    /// `max_sessions_per_caller`: sessions one caller has open here.
+    Caller(usize),
+}
+
+/// A session slot taken for a request that opens a session (`initialize`)
+/// or restores one this worker does not hold; released when the request
+/// is done (the session, if one opened, then counts by itself).
+pub struct Admission {
+    sessions: Arc<LiveSessions>,
+    caller: String,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let mut state = self.sessions.lock();
+        state.pending = state.pending.saturating_sub(1);
+        state.release(&self.caller);
+    }
 }
 
 /// Keeps a session registered; dropped with the session's handler.
@@ -87,24 +149,53 @@ pub struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        let mut sessions = self.sessions.lock();
-        sessions.remove(&self.id);
-        metrics::gauge!("mcp_gateway_sessions").set(sessions.len() as f64);
+        let mut state = self.sessions.lock();
+        if state.sessions.remove(&self.id).is_some() {
+            state.release(&self.session.caller);
+        }
+        metrics::gauge!("mcp_gateway_sessions").set(state.sessions.len() as f64);
     }
 }
 
 impl LiveSessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<LiveSession>>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a slot for a session of `caller`, unless this worker holds
+    /// `max_sessions` sessions (open or being opened) or `caller` holds
+    /// `max_per_caller` of them. Checked and taken under one lock, so
+    /// concurrent requests never overshoot a cap.
+    pub fn admit(
+        self: &Arc<Self>,
+        caller: &str,
+        max_sessions: usize,
+        max_per_caller: usize,
+    ) -> Result<Admission, Full> {
+        let mut state = self.lock();
+        if state.sessions.len() + state.pending >= max_sessions {
+            return Err(Full::Sessions(max_sessions));
+        }
+        let held = state.held.get(caller).copied().unwrap_or(0);
+        if held >= max_per_caller {
+            return Err(Full::Caller(max_per_caller));
+        }
+        state.pending += 1;
+        *state.held.entry(caller.to_owned()).or_default() += 1;
+        Ok(Admission {
+            sessions: self.clone(),
+            caller: caller.to_owned(),
+        })
     }
 
     /// Registers a session until the returned guard is dropped.
     pub fn register(self: &Arc<Self>, session: LiveSession) -> Registered {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let session = Arc::new(session);
-        let mut sessions = self.lock();
-        sessions.insert(id, session.clone());
-        metrics::gauge!("mcp_gateway_sessions").set(sessions.len() as f64);
+        let mut state = self.lock();
+        state.sessions.insert(id, session.clone());
+        *state.held.entry(session.caller.clone()).or_default() += 1;
+        metrics::gauge!("mcp_gateway_sessions").set(state.sessions.len() as f64);
         Registered {
             sessions: self.clone(),
             id,
@@ -114,7 +205,7 @@ impl LiveSessions {
 
     /// How many sessions are open.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().sessions.len()
     }
 
     /// Whether no session is open.
@@ -122,9 +213,14 @@ impl LiveSessions {
         self.len() == 0
     }
 
+    /// How many sessions `caller` has open (or being opened).
+    pub fn held_by(&self, caller: &str) -> usize {
+        self.lock().held.get(caller).copied().unwrap_or(0)
+    }
+
     /// Every open session.
     pub fn all(&self) -> Vec<Arc<LiveSession>> {
-        self.lock().values().cloned().collect()
+        self.lock().sessions.values().cloned().collect()
     }
 
     /// Whether another session than `except` of `server_id` subscribed to `uri`.
@@ -222,5 +318,27 @@ pub async fn follow_changes(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admissions_hold_both_caps_until_released() {
+        let sessions = Arc::new(LiveSessions::default());
+        let a1 = sessions.admit("a", 3, 2).expect("a 1");
+        let a2 = sessions.admit("a", 3, 2).expect("a 2");
+        assert_eq!(sessions.admit("a", 3, 2).err(), Some(Full::Caller(2)));
+        let b1 = sessions.admit("b", 3, 2).expect("b 1");
+        assert_eq!(sessions.admit("b", 3, 2).err(), Some(Full::Sessions(3)));
+        assert_eq!(sessions.held_by("a"), 2);
+        drop(a1);
+        assert_eq!(sessions.held_by("a"), 1);
+        let b2 = sessions.admit("b", 3, 2).expect("b 2 once a slot is free");
+        drop((a2, b1, b2));
+        assert_eq!(sessions.held_by("a") + sessions.held_by("b"), 0);
+        assert!(sessions.admit("c", 3, 2).is_ok());
     }
 }

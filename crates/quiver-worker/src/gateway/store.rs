@@ -6,7 +6,9 @@
 //! with them. The HTTP edge verifies every presented id (see
 //! [`super::session_id`]) and tells the store what the id carries, just
 //! before handing the request to rmcp; the store answers only for ids
-//! verified that way, so an unsigned id is never restored. The parameters of
+//! verified that way (signed, unexpired, not deleted: the edge asks
+//! `super::revoked` first and counts the restored session against the
+//! caps), so an unsigned, expired or deleted id is never restored. The parameters of
 //! sessions opened here are kept exactly (bounded); for the others the store
 //! builds them from the signed protocol version.
 

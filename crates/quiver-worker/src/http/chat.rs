@@ -31,6 +31,7 @@ pub async fn completions(
         request_id,
         session_id,
         artifacts_owner: Some(caller),
+        caller: Some(caller),
         ..Default::default()
     };
     let chat = Chat {

@@ -80,7 +80,7 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some(task) = state.callers.authenticate(authorization) else {
+    let Some((task, caller)) = state.callers.identify(authorization) else {
         let challenge = format!(
             "Bearer resource_metadata=\"{}{RESOURCE_METADATA_PATH}\"",
             origin_of(&request)
@@ -101,6 +101,7 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
         caller_key: caller_key(bearer(authorization)),
         request: GatewayRequest {
             task,
+            caller,
             scope,
             request_id: RequestId::of(request.headers()),
             session_id: None,

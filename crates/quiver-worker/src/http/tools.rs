@@ -109,6 +109,7 @@ pub async fn call(
         request_id,
         session_id,
         artifacts_owner: Some(caller),
+        caller: Some(caller),
         ..Default::default()
     };
     let done = state

@@ -131,6 +131,21 @@ pub struct GatewayFlags {
     /// MCP sessions open at once on this worker [default: 10000].
     #[arg(long = "mcp-max-sessions", env = "QUIVER_MCP_MAX_SESSIONS")]
     pub max_sessions: Option<NonZeroUsize>,
+    /// MCP sessions one caller may hold open at once on this worker
+    /// [default: a quarter of --mcp-max-sessions, at least 1].
+    #[arg(
+        long = "mcp-max-sessions-per-caller",
+        env = "QUIVER_MCP_MAX_SESSIONS_PER_CALLER"
+    )]
+    pub max_sessions_per_caller: Option<NonZeroUsize>,
+    /// How long an MCP session id is served after it was issued, in ms;
+    /// then 404 and the client initializes again [default: 86400000 (24 h);
+    /// at most 30 days].
+    #[arg(
+        long = "mcp-max-session-lifetime-ms",
+        env = "QUIVER_MCP_MAX_SESSION_LIFETIME_MS"
+    )]
+    pub max_session_lifetime_ms: Option<NonZeroU64>,
 }
 
 impl GatewayFlags {
@@ -154,6 +169,18 @@ impl GatewayFlags {
             .or(from_env)
             .map(String::into_bytes)
             .or_else(|| registry_token.map(|token| format!("registry token:{token}").into_bytes()));
+        let max_session_lifetime = self
+            .max_session_lifetime_ms
+            .or(file.max_session_lifetime_ms)
+            .map_or(defaults.max_session_lifetime, |ms| {
+                Duration::from_millis(ms.get())
+            });
+        if max_session_lifetime > quiver_worker::gateway::MAX_SESSION_LIFETIME {
+            anyhow::bail!(
+                "gateway.max_session_lifetime_ms: at most {} ms (30 days)",
+                quiver_worker::gateway::MAX_SESSION_LIFETIME.as_millis()
+            );
+        }
         Ok(GatewayOptions {
             allowed_hosts: if self.allowed_hosts.is_empty() {
                 file.allowed_hosts
@@ -173,6 +200,11 @@ impl GatewayFlags {
             session_idle: file
                 .session_idle_ms
                 .map_or(defaults.session_idle, |ms| Duration::from_millis(ms.get())),
+            max_sessions_per_caller: self
+                .max_sessions_per_caller
+                .or(file.max_sessions_per_caller)
+                .map(NonZeroUsize::get),
+            max_session_lifetime,
             ..defaults
         })
     }

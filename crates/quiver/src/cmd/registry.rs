@@ -73,6 +73,18 @@ pub struct RegistryArgs {
         help = format!("How long an approval waits for its decision and then its use, in seconds [default: {}]",
             quiver_registry::approvals::DEFAULT_APPROVAL_TTL.as_secs()))]
     pub approval_ttl_secs: Option<u64>,
+    /// The most pending approvals one caller may have.
+    #[arg(long, env = "QUIVER_MAX_PENDING_APPROVALS",
+        value_parser = clap::value_parser!(u32).range(1..=100_000),
+        help = format!("The most pending approvals one caller may have; beyond, requests are refused (resource_exhausted) [default: {}]",
+            quiver_registry::approvals::DEFAULT_MAX_PENDING_PER_CALLER))]
+    pub max_pending_approvals: Option<u32>,
+    /// How long finished approvals are kept after their expiry.
+    #[arg(long, env = "QUIVER_APPROVAL_RETENTION_SECS",
+        value_parser = clap::value_parser!(u64).range(1..=31_536_000),
+        help = format!("How long denied, used and expired approvals are kept after their expiry, in seconds [default: {}]",
+            quiver_registry::approvals::DEFAULT_APPROVAL_RETENTION.as_secs()))]
+    pub approval_retention_secs: Option<u64>,
     /// Keys sealing OAuth secrets and tokens at rest: `ID:BASE64` (32
     /// bytes), several separated by commas or newlines, the first sealing;
     /// prefer --oauth-key-file.
@@ -211,6 +223,17 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         approvals: ApprovalOptions {
             approver_token: approver_token.or(file.approver_token),
             ttl: approval_ttl_secs.map_or(defaults.approvals.ttl, Duration::from_secs),
+            max_pending_per_caller: args
+                .max_pending_approvals
+                .or(file.max_pending_approvals)
+                .unwrap_or(defaults.approvals.max_pending_per_caller)
+                .max(1),
+            retention: args
+                .approval_retention_secs
+                .or(file.approval_retention_secs)
+                .map_or(defaults.approvals.retention, |secs| {
+                    Duration::from_secs(secs.max(1))
+                }),
         },
         oauth: OAuthOptions {
             keyring: oauth_keys
