@@ -22,6 +22,7 @@ mod harness;
 mod hostile_calls;
 mod hostile_output;
 mod hostile_servers;
+mod identity;
 mod kubernetes;
 mod listeners;
 mod metrics;

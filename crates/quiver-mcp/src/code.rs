@@ -37,8 +37,12 @@ pub enum ErrorCode {
     ResourceExhausted,
     /// The request is malformed; the error names the field when it can.
     InvalidRequest,
-    /// No or unknown bearer token.
+    /// No or unknown bearer token, or a JWT that does not verify (the
+    /// message says why).
     Unauthenticated,
+    /// A JWT of a configured identity provider verified, but none of the
+    /// provider's rules gives its caller a task.
+    IdentityNoMatchingRule,
     /// The `Host` or `Origin` header is not allowed on the MCP endpoints
     /// (DNS-rebinding protection).
     ForbiddenOrigin,
@@ -113,6 +117,9 @@ impl ErrorCode {
             }
             ErrorCode::InvalidRequest => ("invalid_request", StatusCode::BAD_REQUEST, false),
             ErrorCode::Unauthenticated => ("unauthenticated", StatusCode::UNAUTHORIZED, false),
+            ErrorCode::IdentityNoMatchingRule => {
+                ("identity_no_matching_rule", StatusCode::FORBIDDEN, false)
+            }
             ErrorCode::ForbiddenOrigin => ("forbidden_origin", StatusCode::FORBIDDEN, false),
             ErrorCode::NotFound => ("not_found", StatusCode::NOT_FOUND, false),
             ErrorCode::MethodNotAllowed => {
@@ -159,7 +166,7 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 24] = [
+    const ALL: [ErrorCode; 25] = [
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,
@@ -172,6 +179,7 @@ mod tests {
         ErrorCode::McpBudgetExceeded,
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,
+        ErrorCode::IdentityNoMatchingRule,
         ErrorCode::ForbiddenOrigin,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,

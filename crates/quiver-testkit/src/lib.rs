@@ -8,6 +8,7 @@ pub mod fuzz;
 pub use quiver_example_mcp::legacy_sse;
 pub mod mcp_server;
 pub mod oauth_server;
+pub mod oidc_issuer;
 pub mod postgres;
 #[cfg(feature = "registry")]
 pub mod registry;

@@ -13,6 +13,15 @@
 //! change the access-token lifetime, and a [`Fault`] makes one step misbehave
 //! so callers' error handling can be tested.
 //!
+//! The same issuer is also a test OpenID Connect provider
+//! ([`crate::oidc_issuer`]): `/.well-known/openid-configuration` adds
+//! `jwks_uri` (`B/jwks`, ES256 and RS256 keys), `POST /admin/oidc/mint`
+//! signs JWTs with any claims (expired, unsigned `alg: none`, HS256 keyed
+//! with the public key, or under a `kid` the JWKS does not list), `POST
+//! /admin/oidc/rotate` rotates the keys, and `/admin/stats` counts JWKS and
+//! discovery fetches, for tests of JWT verifiers such as the worker's OIDC
+//! callers.
+//!
 //! Everything lives in memory behind one mutex, each table capped at
 //! [`MAX_ENTRIES`]; `quiver-testkit-oauth` serves it as a process.
 
@@ -43,6 +52,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use url::Url;
+
+use crate::oidc_issuer::OidcIssuer;
 
 /// The one scope the server knows and grants by default.
 pub const SCOPE: &str = "mcp:tools";
@@ -196,6 +207,10 @@ pub struct OAuthStats {
     pub authorized_mcp_requests: u64,
     /// Requests to `/mcp` refused with 401.
     pub rejected_mcp_requests: u64,
+    /// `GET /jwks` answered (the OIDC issuer, [`crate::oidc_issuer`]).
+    pub jwks_fetches: u64,
+    /// `GET /.well-known/openid-configuration` answered.
+    pub discovery_fetches: u64,
 }
 
 /// The server; clones share their state.
@@ -211,6 +226,8 @@ struct Shared {
     resource: String,
     fault: Option<Fault>,
     store: Mutex<Store>,
+    /// The OpenID Connect side: signing keys, JWKS, minted JWTs.
+    oidc: Arc<OidcIssuer>,
 }
 
 struct Client {
@@ -278,6 +295,7 @@ impl OAuthServer {
         Self {
             shared: Arc::new(Shared {
                 resource: format!("{issuer}/mcp"),
+                oidc: Arc::new(OidcIssuer::new(&issuer)),
                 issuer,
                 fault: options.fault,
                 store: Mutex::new(Store {
@@ -305,7 +323,12 @@ impl OAuthServer {
 
     /// The counters so far.
     pub fn stats(&self) -> OAuthStats {
-        self.shared.store().stats
+        self.shared.stats()
+    }
+
+    /// The OpenID Connect issuer served alongside (same issuer URL).
+    pub fn oidc(&self) -> &Arc<OidcIssuer> {
+        &self.shared.oidc
     }
 
     /// Treats every access token issued so far as expired.
@@ -348,7 +371,7 @@ impl OAuthServer {
             )
             .route(
                 "/.well-known/openid-configuration",
-                get(authorization_server_metadata),
+                get(openid_configuration),
             )
             .route(
                 "/.well-known/oauth-protected-resource",
@@ -368,6 +391,7 @@ impl OAuthServer {
             .route("/admin/config", post(admin_config))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.shared.clone())
+            .merge(self.shared.oidc.router())
             .merge(protected)
     }
 
@@ -392,6 +416,15 @@ pub async fn serve(
 }
 
 impl Shared {
+    /// The counters, the OIDC issuer's included.
+    fn stats(&self) -> OAuthStats {
+        let mut stats = self.store().stats;
+        let oidc = self.oidc.stats();
+        stats.jwks_fetches = oidc.jwks_fetches;
+        stats.discovery_fetches = oidc.discovery_fetches;
+        stats
+    }
+
     /// The store; a handler that panicked cannot leave it half-written in a
     /// way that matters to tests, so poisoning is ignored.
     fn store(&self) -> MutexGuard<'_, Store> {
@@ -619,12 +652,40 @@ fn scope_within(scope: &str, granted: &str) -> bool {
 }
 
 async fn authorization_server_metadata(State(shared): State<Arc<Shared>>) -> Response {
+    match metadata(&shared) {
+        Some(metadata) => axum::Json(metadata).into_response(),
+        None => bad_metadata(),
+    }
+}
+
+/// OpenID discovery: the authorization server's metadata plus `jwks_uri`
+/// and the signing algorithms (counted as a discovery fetch).
+async fn openid_configuration(State(shared): State<Arc<Shared>>) -> Response {
+    let oidc = shared.oidc.discovery_fields();
+    match metadata(&shared) {
+        Some(mut metadata) => {
+            if let (Some(object), Value::Object(oidc)) = (metadata.as_object_mut(), oidc) {
+                object.extend(oidc);
+            }
+            axum::Json(metadata).into_response()
+        }
+        None => bad_metadata(),
+    }
+}
+
+/// The [`Fault::BadMetadata`] answer: malformed JSON.
+fn bad_metadata() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        "{\"issuer\": 42",
+    )
+        .into_response()
+}
+
+/// The RFC 8414 metadata document (`None`: [`Fault::BadMetadata`]).
+fn metadata(shared: &Shared) -> Option<Value> {
     if shared.fault == Some(Fault::BadMetadata) {
-        return (
-            [(header::CONTENT_TYPE, "application/json")],
-            "{\"issuer\": 42",
-        )
-            .into_response();
+        return None;
     }
     let base = &shared.issuer;
     let issuer = if shared.fault == Some(Fault::WrongIssuer) {
@@ -649,7 +710,7 @@ async fn authorization_server_metadata(State(shared): State<Arc<Shared>>) -> Res
     {
         object.remove("code_challenge_methods_supported");
     }
-    axum::Json(metadata).into_response()
+    Some(metadata)
 }
 
 async fn protected_resource_metadata(State(shared): State<Arc<Shared>>) -> Response {
@@ -1193,7 +1254,7 @@ fn calls_admin_tool(body: &[u8]) -> bool {
 }
 
 async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
-    axum::Json(shared.store().stats).into_response()
+    axum::Json(shared.stats()).into_response()
 }
 
 /// Every token issued so far, by kind (test only: the server has no secrets

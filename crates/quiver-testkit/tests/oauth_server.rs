@@ -246,22 +246,25 @@ async fn serves_metadata_documents() {
             .json()
             .await
             .expect("metadata JSON");
-        assert_eq!(
-            metadata,
-            json!({
-                "issuer": base,
-                "authorization_endpoint": format!("{base}/authorize"),
-                "token_endpoint": format!("{base}/token"),
-                "registration_endpoint": format!("{base}/register"),
-                "response_types_supported": ["code"],
-                "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
-                "code_challenge_methods_supported": ["S256"],
-                "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
-                "scopes_supported": ["mcp:tools", "mcp:admin"],
-                "client_id_metadata_document_supported": false,
-            }),
-            "{path}"
-        );
+        let mut expected = json!({
+            "issuer": base,
+            "authorization_endpoint": format!("{base}/authorize"),
+            "token_endpoint": format!("{base}/token"),
+            "registration_endpoint": format!("{base}/register"),
+            "response_types_supported": ["code"],
+            "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
+            "code_challenge_methods_supported": ["S256"],
+            "token_endpoint_auth_methods_supported": ["none", "client_secret_post", "client_secret_basic"],
+            "scopes_supported": ["mcp:tools", "mcp:admin"],
+            "client_id_metadata_document_supported": false,
+        });
+        // OpenID discovery adds the issuer's keys (`oidc_issuer`).
+        if path == "/.well-known/openid-configuration" {
+            expected["jwks_uri"] = json!(format!("{base}/jwks"));
+            expected["id_token_signing_alg_values_supported"] = json!(["ES256", "RS256"]);
+            expected["subject_types_supported"] = json!(["public"]);
+        }
+        assert_eq!(metadata, expected, "{path}");
     }
     for path in [
         "/.well-known/oauth-protected-resource",

@@ -288,21 +288,21 @@ impl Inner {
         let size = entry.artifact.bytes.len();
         self.order.insert(entry.seq, key.clone());
         self.total += size;
-        let usage = self.callers.entry(key.0).or_default();
+        let usage = self.callers.entry(key.0.clone()).or_default();
         usage.bytes += size;
         usage.order.insert(entry.seq, key.1.clone());
         self.entries.insert(key, entry);
     }
 
-    fn caller_bytes(&self, caller: CallerId) -> usize {
-        self.callers.get(&caller).map_or(0, |usage| usage.bytes)
+    fn caller_bytes(&self, caller: &CallerId) -> usize {
+        self.callers.get(caller).map_or(0, |usage| usage.bytes)
     }
 
     /// `caller`'s oldest artifact.
-    fn oldest_of(&self, caller: CallerId) -> Option<Key> {
-        let usage = self.callers.get(&caller)?;
+    fn oldest_of(&self, caller: &CallerId) -> Option<Key> {
+        let usage = self.callers.get(caller)?;
         let (_, id) = usage.order.first_key_value()?;
-        Some((caller, id.clone()))
+        Some((caller.clone(), id.clone()))
     }
 
     /// Drops what is older than `ttl`; returns how many.
@@ -394,7 +394,7 @@ impl ArtifactStore {
             mime_type: mime_type.to_owned(),
             bytes,
         };
-        let key = (owner, artifact.id.clone());
+        let key = (owner.clone(), artifact.id.clone());
         let size = artifact.bytes.len();
         let share = self.options.caller_share();
         let mut inner = self.lock();
@@ -402,8 +402,8 @@ impl ArtifactStore {
         inner.remove(&key);
         // Over its share, a caller makes room from its own artifacts only.
         let mut evicted_own = 0u64;
-        while inner.caller_bytes(owner) + size > share {
-            let Some(oldest) = inner.oldest_of(owner) else {
+        while inner.caller_bytes(&owner) + size > share {
+            let Some(oldest) = inner.oldest_of(&owner) else {
                 break;
             };
             inner.remove(&oldest);
@@ -486,7 +486,7 @@ impl ArtifactStore {
             };
             let note = match self
                 .decode(data, mime_type)
-                .and_then(|bytes| self.put(owner, mime_type, bytes))
+                .and_then(|bytes| self.put(owner.clone(), mime_type, bytes))
             {
                 Ok(artifact) => {
                     let note = artifact.note();
@@ -543,7 +543,7 @@ impl ArtifactStore {
             })
     }
 
-    fn signature(&self, owner: CallerId, id: &str) -> String {
+    fn signature(&self, owner: &CallerId, id: &str) -> String {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.url_key)
             .expect("HMAC takes keys of any length");
         mac.update(owner.tag().as_bytes());
@@ -561,14 +561,14 @@ impl ArtifactStore {
             base.trim_end_matches('/'),
             artifact.path(),
             owner.tag(),
-            self.signature(owner, &artifact.id)
+            self.signature(&owner, &artifact.id)
         )
     }
 
     /// The caller a signed URL of `id` was made for, if `sig` is right.
     pub fn verify(&self, id: &str, caller: &str, sig: &str) -> Option<CallerId> {
         let owner = CallerId::from_tag(caller)?;
-        let expected = self.signature(owner, id);
+        let expected = self.signature(&owner, id);
         bool::from(subtle::ConstantTimeEq::ct_eq(
             expected.as_bytes(),
             sig.as_bytes(),

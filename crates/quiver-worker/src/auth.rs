@@ -5,9 +5,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use quiver_mcp::ErrorCode;
+
 use quiver_model::policy::{CompiledTaskPolicy, PolicyError, TaskPolicy};
 use quiver_model::token::{TokenDigest, bearer};
 use sha2::{Digest as _, Sha256};
+
+use crate::identity::{Identities, Provider, ProviderConfig, ProviderError};
 
 /// The task callers get with `--caller-token` and in dev mode.
 pub const DEFAULT_TASK: &str = "default";
@@ -39,6 +43,8 @@ pub struct CallersConfig {
     pub tasks: BTreeMap<String, TaskPolicy>,
     /// Serve callers without a token as task `default` (loopback only).
     pub insecure_no_auth: bool,
+    /// Identity providers whose JWTs are callers (`[[identity_providers]]`).
+    pub identity_providers: Vec<ProviderConfig>,
 }
 
 /// Why a caller configuration is refused.
@@ -61,9 +67,12 @@ pub enum CallersError {
     /// Two tokens are the same caller (the same token twice).
     #[error("caller token #{0} is configured twice (each token is one caller)")]
     DuplicateToken(usize),
+    /// An identity provider is invalid (names the field).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
     /// Nobody could call the worker.
     #[error(
-        "no caller token configured: pass --caller-token (or [[callers]] in the config), or --insecure-no-auth on a loopback listener"
+        "no caller configured: pass --caller-token (or [[callers]] or [[identity_providers]] in the config), or --insecure-no-auth on a loopback listener"
     )]
     NoCallers,
     /// `--insecure-no-auth` on a public listener.
@@ -84,30 +93,74 @@ pub struct Task {
 /// calls produce (`crate::artifacts`), of its per-session connections and
 /// gateway sessions, and the principal approvals and audit lines name. Two
 /// tokens of the same task are two callers; callers without a token
-/// (`--insecure-no-auth`) are one.
+/// (`--insecure-no-auth`) are one; an identity provider's caller is its
+/// `oidc:<issuer>#<sub>` whatever token it presents.
 ///
-/// The id is the first 8 bytes of the token's SHA-256, so the same token is
-/// the same caller on every worker of a fleet and across restarts (an
-/// approval requested through one worker is the same caller's on another).
-/// Eight bytes of a digest of a random token reveal nothing usable about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CallerId([u8; 8]);
+/// The id is the first 8 bytes of the SHA-256 of the token (of the
+/// principal for an identity provider's caller), so the same caller is the
+/// same on every worker of a fleet and across restarts (an approval
+/// requested through one worker is the same caller's on another). Eight
+/// bytes of a digest of a random token reveal nothing usable about it.
+/// Callers compare by id only.
+#[derive(Debug, Clone)]
+pub struct CallerId {
+    id: [u8; 8],
+    /// `oidc:<issuer>#<sub>` of an identity provider's caller.
+    principal: Option<Arc<str>>,
+}
+
+impl PartialEq for CallerId {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for CallerId {}
+
+impl std::hash::Hash for CallerId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialOrd for CallerId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CallerId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.id.cmp(&other.id)
+    }
+}
 
 impl CallerId {
     /// The caller without a token.
-    pub const ANONYMOUS: CallerId = CallerId([0xff; 8]);
+    pub const ANONYMOUS: CallerId = CallerId {
+        id: [0xff; 8],
+        principal: None,
+    };
 
     /// The caller presenting `token`.
     fn of_token(token: &str) -> Self {
-        let digest = Sha256::digest(token.as_bytes());
-        let mut id = [0; 8];
-        id.copy_from_slice(&digest[..8]);
-        CallerId(id)
+        CallerId {
+            id: first_8(token),
+            principal: None,
+        }
+    }
+
+    /// An identity provider's caller, `oidc:<issuer>#<sub>`.
+    pub fn of_principal(principal: Arc<str>) -> Self {
+        CallerId {
+            id: first_8(&principal),
+            principal: Some(principal),
+        }
     }
 
     /// A short opaque form, for signed artifact URLs and keys (not secret).
-    pub fn tag(self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    pub fn tag(&self) -> String {
+        self.id.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The caller of [`tag`](Self::tag).
@@ -119,25 +172,116 @@ impl CallerId {
         for (at, byte) in id.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&tag[2 * at..2 * at + 2], 16).ok()?;
         }
-        Some(CallerId(id))
+        Some(CallerId {
+            id,
+            principal: None,
+        })
     }
 
     /// The principal this caller is in audit lines and approvals:
-    /// `token:<tag>` for a configured token, `anonymous` without one.
-    pub fn principal(self) -> String {
-        if self == Self::ANONYMOUS {
+    /// `token:<tag>` for a configured token, `oidc:<issuer>#<sub>` for an
+    /// identity provider's caller, `anonymous` without one.
+    pub fn principal(&self) -> String {
+        if let Some(principal) = &self.principal {
+            principal.to_string()
+        } else if *self == Self::ANONYMOUS {
             "anonymous".to_owned()
         } else {
             format!("token:{}", self.tag())
         }
     }
+
+    /// Whether this is an identity provider's caller.
+    pub fn is_oidc(&self) -> bool {
+        self.principal.is_some()
+    }
 }
+
+fn first_8(text: &str) -> [u8; 8] {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut id = [0; 8];
+    id.copy_from_slice(&digest[..8]);
+    id
+}
+
+/// How a caller authenticated (`/v1/whoami`'s `via`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A configured caller token, or none (`--insecure-no-auth`).
+    Static,
+    /// A JWT of a configured identity provider.
+    Oidc,
+}
+
+impl Via {
+    /// As `/v1/whoami` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Static => "static",
+            Via::Oidc => "oidc",
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Authenticated {
+    /// Its task.
+    pub task: Task,
+    /// Its credential (and principal).
+    pub id: CallerId,
+    /// How it authenticated.
+    pub via: Via,
+}
+
+/// Why a caller is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// 401 `unauthenticated`, with why.
+    Unauthenticated(String),
+    /// 403 `identity_no_matching_rule`: a verified token no rule of its
+    /// provider gives a task.
+    NoMatchingRule {
+        /// The provider.
+        provider: String,
+        /// The caller.
+        principal: String,
+    },
+}
+
+impl Refusal {
+    /// The error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Refusal::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Refusal::NoMatchingRule { .. } => ErrorCode::IdentityNoMatchingRule,
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Unauthenticated(why) => why.clone(),
+            Refusal::NoMatchingRule {
+                provider,
+                principal,
+            } => format!(
+                "{principal} is authenticated by identity provider {provider}, but none of its rules gives it a task"
+            ),
+        }
+    }
+}
+
+/// The 401 message of a missing or unknown bearer token.
+pub const MISSING_OR_INVALID: &str = "missing or invalid bearer token";
 
 /// Maps presented tokens to tasks.
 #[derive(Clone)]
 pub struct Callers {
     tokens: Vec<(TokenDigest, CallerId, Task)>,
     anonymous: Option<Task>,
+    identities: Option<Arc<Identities>>,
+    tasks: BTreeMap<String, Arc<CompiledTaskPolicy>>,
 }
 
 impl Callers {
@@ -175,38 +319,98 @@ impl Callers {
             }
             tokens.push((TokenDigest::of(&caller.token), id, task(&caller.task)?));
         }
+        let mut providers = Vec::with_capacity(config.identity_providers.len());
+        for (at, provider) in config.identity_providers.iter().enumerate() {
+            let provider = Provider::new(at, provider, |name| tasks.contains_key(name))?;
+            if let Some(first) = providers
+                .iter()
+                .position(|p: &Provider| p.name == provider.name || p.issuer == provider.issuer)
+            {
+                return Err(ProviderError {
+                    field: format!("identity_providers[{at}]"),
+                    message: format!(
+                        "same name or issuer as identity_providers[{first}] (each issuer is one provider)"
+                    ),
+                }
+                .into());
+            }
+            providers.push(provider);
+        }
         let anonymous = if config.insecure_no_auth {
             if !listen.ip().is_loopback() {
                 return Err(CallersError::InsecureNotLoopback(listen));
             }
             Some(task(DEFAULT_TASK)?)
-        } else if tokens.is_empty() {
+        } else if tokens.is_empty() && providers.is_empty() {
             return Err(CallersError::NoCallers);
         } else {
             None
         };
-        Ok(Callers { tokens, anonymous })
+        let identities = (!providers.is_empty()).then(|| Arc::new(Identities::new(providers)));
+        Ok(Callers {
+            tokens,
+            anonymous,
+            identities,
+            tasks,
+        })
     }
 
-    /// The task of an `Authorization` header value; `None` when refused.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Option<Task> {
-        self.identify(authorization).map(|(task, _)| task)
-    }
-
-    /// The task and the credential of an `Authorization` header value;
-    /// `None` when refused.
-    pub fn identify(&self, authorization: Option<&str>) -> Option<(Task, CallerId)> {
-        if let Some(token) = bearer(authorization)
-            && let Some((_, id, task)) = self
+    /// The caller of an `Authorization` header value: a configured token
+    /// first (no allocation but the task's clone), then a JWT of an
+    /// identity provider, then the anonymous caller if allowed.
+    pub async fn identify(&self, authorization: Option<&str>) -> Result<Authenticated, Refusal> {
+        let token = bearer(authorization);
+        if let Some(token) = token {
+            if let Some((_, id, task)) = self
                 .tokens
                 .iter()
                 .find(|(digest, _, _)| digest.matches(token))
-        {
-            return Some((task.clone(), *id));
+            {
+                return Ok(Authenticated {
+                    task: task.clone(),
+                    id: id.clone(),
+                    via: Via::Static,
+                });
+            }
+            if let Some(identities) = &self.identities
+                && crate::identity::verify::looks_like_jwt(token)
+            {
+                return self.of_jwt(identities, token).await;
+            }
         }
-        self.anonymous
-            .clone()
-            .map(|task| (task, CallerId::ANONYMOUS))
+        match &self.anonymous {
+            Some(task) => Ok(Authenticated {
+                task: task.clone(),
+                id: CallerId::ANONYMOUS,
+                via: Via::Static,
+            }),
+            None => Err(Refusal::Unauthenticated(MISSING_OR_INVALID.to_owned())),
+        }
+    }
+
+    async fn of_jwt(&self, identities: &Identities, token: &str) -> Result<Authenticated, Refusal> {
+        let verified = identities
+            .verify(token)
+            .await
+            .map_err(|why| Refusal::Unauthenticated(format!("bearer token refused: {why}")))?;
+        let policy = verified
+            .task
+            .as_deref()
+            .and_then(|name| self.tasks.get(name).map(|policy| (name, policy)));
+        let Some((name, policy)) = policy else {
+            return Err(Refusal::NoMatchingRule {
+                provider: verified.provider.clone(),
+                principal: verified.principal.to_string(),
+            });
+        };
+        Ok(Authenticated {
+            task: Task {
+                name: name.to_owned(),
+                policy: policy.clone(),
+            },
+            id: CallerId::of_principal(verified.principal.clone()),
+            via: Via::Oidc,
+        })
     }
 }
 
@@ -214,8 +418,8 @@ impl Callers {
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_token_is_its_own_caller() {
+    #[tokio::test]
+    async fn each_token_is_its_own_caller() {
         let caller = |token: &str| CallerToken {
             token: token.into(),
             task: DEFAULT_TASK.into(),
@@ -226,20 +430,36 @@ mod tests {
         };
         let listen: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let callers = Callers::new(&config, listen).unwrap();
-        let (task_a, a) = callers.identify(Some("Bearer a")).unwrap();
-        let (task_b, b) = callers.identify(Some("Bearer b")).unwrap();
+        let id = async |header: Option<&str>| callers.identify(header).await;
+        let Authenticated {
+            task: task_a,
+            id: a,
+            via,
+        } = id(Some("Bearer a")).await.unwrap();
+        let Authenticated {
+            task: task_b,
+            id: b,
+            ..
+        } = id(Some("Bearer b")).await.unwrap();
+        assert_eq!(via, Via::Static);
         assert_eq!(task_a.name, task_b.name);
         assert_ne!(a, b);
-        assert_eq!(callers.identify(Some("Bearer a")).unwrap().1, a);
-        assert!(callers.identify(Some("Bearer c")).is_none());
-        assert!(callers.identify(None).is_none());
-        assert_eq!(CallerId::from_tag(&a.tag()), Some(a));
+        assert_eq!(id(Some("Bearer a")).await.unwrap().id, a);
+        assert_eq!(
+            id(Some("Bearer c")).await.unwrap_err(),
+            Refusal::Unauthenticated(MISSING_OR_INVALID.into())
+        );
+        assert!(id(None).await.is_err());
+        assert_eq!(CallerId::from_tag(&a.tag()), Some(a.clone()));
         assert_eq!(
             a,
             CallerId::of_token("a"),
             "the same token is the same caller anywhere"
         );
         assert_eq!(a.principal(), format!("token:{}", a.tag()));
+        let oidc = CallerId::of_principal("oidc:https://idp#alice".into());
+        assert_eq!(oidc.principal(), "oidc:https://idp#alice");
+        assert_eq!(oidc, CallerId::from_tag(&oidc.tag()).unwrap());
         assert_eq!(CallerId::ANONYMOUS.principal(), "anonymous");
         assert!(CallerId::from_tag("zz").is_none());
         let twice = CallersConfig {
@@ -259,6 +479,6 @@ mod tests {
             listen,
         )
         .unwrap();
-        assert_eq!(open.identify(None).unwrap().1, CallerId::ANONYMOUS);
+        assert_eq!(open.identify(None).await.unwrap().id, CallerId::ANONYMOUS);
     }
 }

@@ -212,7 +212,7 @@ fn binding<'a>(
 
 /// The principal the registry records for an approval's caller (empty: the
 /// worker's credential stands for it).
-fn principal_of(caller: Option<CallerId>) -> String {
+fn principal_of(caller: Option<&CallerId>) -> String {
     caller.map(CallerId::principal).unwrap_or_default()
 }
 
@@ -250,7 +250,7 @@ impl CallContext {
     /// caller's own (another caller naming the same id has another
     /// session), of its task, and apart from gateway sessions.
     pub fn session_key(&self, task: &Task) -> Option<SessionKey> {
-        let caller = self.caller?;
+        let caller = self.caller.as_ref()?;
         self.session_id.as_ref().map(|id| SessionKey {
             caller: caller.principal(),
             task: task.name.clone(),
@@ -366,7 +366,8 @@ impl ToolRunner {
         let started = Instant::now();
         let tool = self.resolve(snapshot, task, &request.name).await?;
         if tool.needs_approval() {
-            self.approve(task, context.caller, &tool, request).await?;
+            self.approve(task, context.caller.clone(), &tool, request)
+                .await?;
             return self
                 .execute(task, context, &tool, request.arguments.clone(), started)
                 .await;
@@ -422,7 +423,7 @@ impl ToolRunner {
     ) -> Result<CallError, CallError> {
         let approvals = self.approvals(tool)?;
         let arguments = Value::Object(arguments_object(arguments)?);
-        let caller = principal_of(caller);
+        let caller = principal_of(caller.as_ref());
         let id = approvals
             .request(&binding(task, &caller, tool, &arguments))
             .await
@@ -457,7 +458,7 @@ impl ToolRunner {
     ) -> Result<(), CallError> {
         let approvals = self.approvals(tool)?;
         let arguments = Value::Object(arguments_object(arguments)?);
-        let caller = principal_of(caller);
+        let caller = principal_of(caller.as_ref());
         match approvals
             .use_for(id, &binding(task, &caller, tool, &arguments))
             .await
@@ -573,6 +574,7 @@ impl ToolRunner {
             target: "quiver::audit",
             request_id = %context.request_id,
             session_id = context.session_id.as_deref().unwrap_or(""),
+            principal = %principal_of(context.caller.as_ref()),
             task = %task.name,
             server_id = %server_id,
             tool = %tool_name,
@@ -586,7 +588,7 @@ impl ToolRunner {
             outcome.result.content.iter().any(
                 |item| matches!(item, ContentBlock::Text(text) if !text.text.trim().is_empty()),
             );
-        let artifacts = match context.artifacts_owner {
+        let artifacts = match context.artifacts_owner.clone() {
             Some(owner) => self.artifacts.take_from(owner, &mut outcome.result),
             None => {
                 self.artifacts.limit_inline(&mut outcome.result);

@@ -12,6 +12,7 @@ pub mod error;
 pub mod gateway;
 pub mod health;
 pub mod http;
+pub mod identity;
 pub mod oauth_tokens;
 pub mod schema;
 mod service;

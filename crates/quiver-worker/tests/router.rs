@@ -25,6 +25,7 @@ use quiver_worker::call::ToolRunner;
 use quiver_worker::gateway::rebinding::RebindingGuard;
 use quiver_worker::gateway::{Gateway, GatewayOptions};
 use quiver_worker::http::{ApiState, MAX_REQUEST_BODY_BYTES, router};
+use quiver_worker::identity::{ProviderConfig, RuleConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -49,6 +50,11 @@ impl Drop for Edge {
 
 impl Edge {
     async fn start() -> Edge {
+        Edge::start_with(Vec::new()).await
+    }
+
+    /// With callers from `identity_providers` too.
+    async fn start_with(identity_providers: Vec<ProviderConfig>) -> Edge {
         let registry = InProcessRegistry::sqlite(|_| {}).await;
         let mut spec = McpServerSpec::new("kit", Transport::Stdio);
         spec.stdio = Some(StdioConfig {
@@ -100,6 +106,7 @@ impl Edge {
                 },
             )]),
             insecure_no_auth: false,
+            identity_providers,
         };
         let callers = Callers::new(&callers, "127.0.0.1:0".parse().unwrap()).expect("callers");
         let pool = McpPool::new(PoolOptions::default());
@@ -195,6 +202,21 @@ async fn the_tool_api_contract() {
         assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
         assert_error(&body, "unauthenticated", false);
     }
+
+    // `/v1/whoami` names the caller as it is known.
+    let (status, _, body) = edge
+        .get("/v1/whoami", Some(&format!("Bearer {NARROW_TOKEN}")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["policy"], "narrow", "{body}");
+    assert_eq!(body["via"], "static", "{body}");
+    assert!(
+        body["principal"].as_str().unwrap().starts_with("token:"),
+        "{body}"
+    );
+    let (status, _, body) = edge.get("/v1/whoami", Some("Bearer wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_error(&body, "unauthenticated", false);
 
     // The scheme is case-insensitive (RFC 9110 §11.1).
     for scheme in ["Bearer", "bearer", "BEARER"] {
@@ -327,4 +349,117 @@ async fn framework_refusals_are_the_json_error_object() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(headers.contains_key("x-request-id"));
     assert_error(&body, "upstream_not_configured", false);
+}
+
+/// An OIDC issuer on 127.0.0.1 (the testkit's keys and minting, with an
+/// OpenID discovery document naming its JWKS).
+async fn oidc_issuer() -> Arc<quiver_testkit::oidc_issuer::OidcIssuer> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let issuer = Arc::new(quiver_testkit::oidc_issuer::OidcIssuer::new(&url));
+    let discovery = {
+        let issuer = issuer.clone();
+        move || async move {
+            let mut document = issuer.discovery_fields();
+            document["issuer"] = json!(issuer.issuer());
+            axum::Json(document)
+        }
+    };
+    let app = issuer.router().route(
+        "/.well-known/openid-configuration",
+        axum::routing::get(discovery),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    issuer
+}
+
+fn mint(issuer: &quiver_testkit::oidc_issuer::OidcIssuer, claims: Value, ttl: i64) -> String {
+    issuer
+        .mint(quiver_testkit::oidc_issuer::MintRequest {
+            claims: claims.as_object().unwrap().clone(),
+            ttl_secs: Some(ttl),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_callers_on_the_tool_api_and_the_gateway() {
+    let issuer = oidc_issuer().await;
+    let edge = Edge::start_with(vec![ProviderConfig {
+        name: "corp".into(),
+        issuer: issuer.issuer().into(),
+        audiences: vec!["quiver".into()],
+        clock_skew_secs: None,
+        rules: vec![RuleConfig {
+            claim: "groups".into(),
+            contains: Some("team-a".into()),
+            equals: None,
+            task: "default".into(),
+        }],
+    }])
+    .await;
+    let alice = mint(&issuer, json!({"sub": "alice", "groups": ["team-a"]}), 300);
+
+    let (status, _, body) = edge
+        .get("/v1/whoami", Some(&format!("Bearer {alice}")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"principal": format!("oidc:{}#alice", issuer.issuer()), "policy": "default", "via": "oidc"})
+    );
+    let (status, body) = edge
+        .call(
+            &alice,
+            json!({"name": "mcp.kit.echo", "arguments": {"text": "hi"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let initialize = |token: &str| {
+        Request::post("/mcp")
+            .header(header::HOST, "localhost")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .body(Body::from(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"}}})
+                .to_string(),
+            ))
+            .unwrap()
+    };
+    let (status, headers, body) = edge.send(initialize(&alice)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(headers.contains_key("mcp-session-id"), "{headers:?}");
+
+    // Refused on the gateway: 401 with the MCP challenge, saying why.
+    let expired = mint(&issuer, json!({"sub": "alice", "groups": ["team-a"]}), -600);
+    let (status, headers, body) = edge.send(initialize(&expired)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_error(&body, "unauthenticated", false);
+    assert_eq!(
+        body["error"]["message"],
+        "bearer token refused: token expired"
+    );
+    assert!(
+        headers[header::WWW_AUTHENTICATE]
+            .to_str()
+            .unwrap()
+            .starts_with("Bearer resource_metadata="),
+        "{headers:?}"
+    );
+    // Verified, but no rule gives a task: 403, no challenge.
+    let eve = mint(&issuer, json!({"sub": "eve", "groups": ["team-z"]}), 300);
+    let (status, headers, body) = edge.send(initialize(&eve)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_error(&body, "identity_no_matching_rule", false);
+    assert!(!headers.contains_key(header::WWW_AUTHENTICATE));
+    let (status, _, body) = edge
+        .get("/v1/mcp/tools", Some(&format!("Bearer {eve}")))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_error(&body, "identity_no_matching_rule", false);
 }

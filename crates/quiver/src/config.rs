@@ -99,6 +99,9 @@ pub struct WorkerFile {
     /// Task policies by name.
     #[serde(default)]
     pub tasks: std::collections::BTreeMap<String, quiver_model::policy::TaskPolicy>,
+    /// Identity providers whose JWTs are callers.
+    #[serde(default)]
+    pub identity_providers: Vec<IdentityProviderEntry>,
     /// The chat upstream.
     #[serde(default)]
     pub upstream: UpstreamSection,
@@ -371,6 +374,61 @@ pub struct CallerEntry {
     pub token_env: Option<String>,
     /// Task selected by this token.
     pub task: String,
+}
+
+/// One `[[identity_providers]]` entry: an OIDC issuer whose JWTs are
+/// callers (validated with the tasks when the worker starts; errors name
+/// `identity_providers[i].<field>`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityProviderEntry {
+    /// `[A-Za-z0-9_.-]{1,64}`.
+    pub name: String,
+    /// `https://…`, or `http://` on a loopback address.
+    pub issuer: String,
+    /// A token's `aud` must contain one of them.
+    pub audiences: Vec<String>,
+    /// Allowed clock skew on `exp`/`nbf` (default 60, at most 300).
+    pub clock_skew_secs: Option<u64>,
+    /// The first matching rule gives the caller its task.
+    #[serde(default)]
+    pub rules: Vec<IdentityRuleEntry>,
+}
+
+/// One `[[identity_providers.rules]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityRuleEntry {
+    /// A top-level claim name.
+    pub claim: String,
+    /// The claim (a string or an array of strings) contains this.
+    pub contains: Option<String>,
+    /// The claim (a string) equals this.
+    pub equals: Option<String>,
+    /// The task the caller gets.
+    pub task: String,
+}
+
+impl IdentityProviderEntry {
+    /// As the worker takes it.
+    pub fn into_config(self) -> quiver_worker::identity::ProviderConfig {
+        quiver_worker::identity::ProviderConfig {
+            name: self.name,
+            issuer: self.issuer,
+            audiences: self.audiences,
+            clock_skew_secs: self.clock_skew_secs,
+            rules: self
+                .rules
+                .into_iter()
+                .map(|rule| quiver_worker::identity::RuleConfig {
+                    claim: rule.claim,
+                    contains: rule.contains,
+                    equals: rule.equals,
+                    task: rule.task,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// `[egress]` of the worker and registry configs: the hosts HTTP MCP
@@ -682,6 +740,59 @@ mod tests {
         for task in config.tasks.values() {
             task.compile().unwrap();
         }
+    }
+
+    #[test]
+    fn identity_providers_parse_and_errors_name_the_field() {
+        let text = r#"
+            [[identity_providers]]
+            name = "corp"
+            issuer = "http://127.0.0.1:9"
+            audiences = ["quiver"]
+            [[identity_providers.rules]]
+            claim = "groups"
+            contains = "team-a"
+            task = "team-a"
+            [[identity_providers.rules]]
+            claim = "sub"
+            equals = "root"
+            task = "nope"
+            [tasks.team-a]
+            allowed_server_ids = ["x"]
+        "#;
+        let file: WorkerFile = toml::from_str(text).unwrap();
+        let config = quiver_worker::auth::CallersConfig {
+            tasks: file.tasks,
+            identity_providers: file
+                .identity_providers
+                .into_iter()
+                .map(IdentityProviderEntry::into_config)
+                .collect(),
+            ..Default::default()
+        };
+        let listen = "127.0.0.1:0".parse().unwrap();
+        let err = quiver_worker::auth::Callers::new(&config, listen)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            err,
+            "identity_providers[0].rules[1].task: no such task \"nope\""
+        );
+        let mut fixed = config.clone();
+        fixed.identity_providers[0].rules[1].task = "default".into();
+        quiver_worker::auth::Callers::new(&fixed, listen)
+            .expect("identity providers alone are callers enough");
+        let mut public = fixed.clone();
+        public.identity_providers[0].issuer = "http://idp.example.com".into();
+        let err = quiver_worker::auth::Callers::new(&public, listen)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("identity_providers[0].issuer: "), "{err}");
+        let typo = text.replace("contains = \"team-a\"", "contain = \"team-a\"");
+        let err = toml::from_str::<WorkerFile>(&typo).unwrap_err().to_string();
+        assert!(err.contains("unknown field `contain`"), "{err}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! Serves both on `--listen ADDR` and prints one line once bound,
 //! `{"listening":"http://ADDR","mcp":"http://ADDR/mcp"}`: the issuer and the
-//! protected MCP endpoint. Logs go to stderr.
+//! protected MCP endpoint. Logs go to stderr. The issuer is also a test
+//! OpenID Connect provider (`quiver_testkit::oidc_issuer`: discovery, JWKS,
+//! `POST /admin/oidc/mint` and `/admin/oidc/rotate`).
 
 use std::io::Write as _;
 use std::time::Duration;

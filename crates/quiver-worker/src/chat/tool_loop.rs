@@ -246,7 +246,7 @@ impl ToolLoop<'_> {
                         if self.vision {
                             images.extend(vision::message(
                                 self.runner.artifacts(),
-                                self.context.artifacts_owner,
+                                self.context.artifacts_owner.clone(),
                                 &call.id,
                                 &done.artifacts,
                             ));
@@ -346,7 +346,7 @@ impl ToolLoop<'_> {
                 .runner
                 .request_approval(
                     self.task,
-                    self.context.caller,
+                    self.context.caller.clone(),
                     tool,
                     Some(call.arguments.clone()),
                 )
@@ -383,7 +383,7 @@ impl ToolLoop<'_> {
                 .runner
                 .use_approval(
                     self.task,
-                    self.context.caller,
+                    self.context.caller.clone(),
                     tool,
                     Some(call.arguments.clone()),
                     id,

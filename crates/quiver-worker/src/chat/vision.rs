@@ -35,7 +35,7 @@ pub fn message(
             continue;
         }
         let options = store.options();
-        let url = match (options.vision_url, owner, &options.public_url) {
+        let url = match (options.vision_url, owner.clone(), &options.public_url) {
             (VisionUrl::Artifact, Some(owner), Some(base)) => {
                 store.signed_url(base, owner, artifact)
             }
@@ -58,13 +58,13 @@ mod tests {
         let store = ArtifactStore::default();
         let owner = CallerId::ANONYMOUS;
         let png = store
-            .put(owner, "image/png", Bytes::from_static(b"png"))
+            .put(owner.clone(), "image/png", Bytes::from_static(b"png"))
             .unwrap();
         let wav = store
-            .put(owner, "audio/wav", Bytes::from_static(b"wav"))
+            .put(owner.clone(), "audio/wav", Bytes::from_static(b"wav"))
             .unwrap();
-        assert_eq!(message(&store, Some(owner), "c1", &[]), None);
-        let message = message(&store, Some(owner), "c1", &[png, wav]).unwrap();
+        assert_eq!(message(&store, Some(owner.clone()), "c1", &[]), None);
+        let message = message(&store, Some(owner.clone()), "c1", &[png, wav]).unwrap();
         assert_eq!(message["role"], "user");
         let parts = message["content"].as_array().unwrap();
         assert_eq!(parts[0]["text"], "image from tool call c1");
@@ -78,10 +78,15 @@ mod tests {
             ..Default::default()
         });
         let png = store
-            .put(owner, "image/png", Bytes::from_static(b"png"))
+            .put(owner.clone(), "image/png", Bytes::from_static(b"png"))
             .unwrap();
-        let message =
-            super::message(&store, Some(owner), "c1", std::slice::from_ref(&png)).unwrap();
+        let message = super::message(
+            &store,
+            Some(owner.clone()),
+            "c1",
+            std::slice::from_ref(&png),
+        )
+        .unwrap();
         let url = message["content"][1]["image_url"]["url"].as_str().unwrap();
         assert!(
             url.starts_with(&format!(

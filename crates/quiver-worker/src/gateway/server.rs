@@ -444,7 +444,12 @@ impl GatewayServer {
             Some(id) => id,
             None => {
                 let refusal = runner
-                    .request_approval(&request.task, Some(request.caller), tool, arguments.clone())
+                    .request_approval(
+                        &request.task,
+                        Some(request.caller.clone()),
+                        tool,
+                        arguments.clone(),
+                    )
                     .await?;
                 let CallError::ApprovalRequired {
                     approval_id: Some(id),
@@ -460,7 +465,13 @@ impl GatewayServer {
             }
         };
         runner
-            .use_approval(&request.task, Some(request.caller), tool, arguments, &id)
+            .use_approval(
+                &request.task,
+                Some(request.caller.clone()),
+                tool,
+                arguments,
+                &id,
+            )
             .await
     }
 

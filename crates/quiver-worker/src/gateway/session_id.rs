@@ -99,6 +99,16 @@ pub fn caller_key(token: Option<&str>) -> String {
     }
 }
 
+/// The session key of an identity provider's caller: a digest of its
+/// principal (apart from any token's: another prefix is hashed), so the
+/// session survives the caller refreshing its token.
+pub fn principal_key(principal: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"quiver session principal\0");
+    hasher.update(principal.as_bytes());
+    URL_SAFE_NO_PAD.encode(&hasher.finalize()[..16])
+}
+
 impl SessionSigner {
     /// A signer whose key is derived from `secret` (the same secret gives
     /// every worker the same key).

@@ -44,7 +44,7 @@ pub async fn get(
     };
     let owner = match signed {
         Some(owner) => owner,
-        None => caller_key(&state, &headers)?,
+        None => caller_key(&state, &headers).await?,
     };
     let artifact = store.get(owner, &id).ok_or_else(|| {
         ErrorObject::new(

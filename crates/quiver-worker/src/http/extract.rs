@@ -8,9 +8,8 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
-use quiver_mcp::ErrorCode;
 
-use crate::auth::{CallerId, Task};
+use crate::auth::{Authenticated, CallerId, Refusal, Task};
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;
 use crate::http::state::ApiState;
@@ -22,34 +21,49 @@ pub const REQUEST_ID: &str = "x-request-id";
 /// The header naming the caller's session (audit).
 pub const SESSION_ID: &str = "x-quiver-session";
 
-/// The authenticated caller of a request: the task its bearer token (or
-/// `--insecure-no-auth`) selects. Refused with 401 `unauthenticated` and
-/// `WWW-Authenticate: Bearer`.
+/// The authenticated caller of a request: the task its bearer token (a
+/// configured token or an identity provider's JWT, or `--insecure-no-auth`)
+/// selects. Refused with 401 `unauthenticated` (saying why) and
+/// `WWW-Authenticate: Bearer`, or 403 `identity_no_matching_rule`.
 pub struct Caller(pub Task);
 
 impl FromRequestParts<ApiState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
-        let authorization = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let (task, id) = state
-            .callers
-            .identify(authorization)
-            .ok_or_else(unauthenticated)?;
-        parts.extensions.insert(id);
-        Ok(Caller(task))
+        let caller = identify(state, &parts.headers).await?;
+        parts.extensions.insert(caller.id);
+        Ok(Caller(caller.task))
     }
 }
 
-fn unauthenticated() -> ApiError {
-    ErrorObject::new(
-        ErrorCode::Unauthenticated,
-        "missing or invalid bearer token",
-    )
-    .into()
+/// The whole authenticated caller (task, credential, how), refused like
+/// [`Caller`].
+pub struct Identified(pub Authenticated);
+
+impl FromRequestParts<ApiState> for Identified {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        identify(state, &parts.headers).await.map(Identified)
+    }
+}
+
+/// The caller of a request with `headers`, refused like [`Caller`].
+pub async fn identify(state: &ApiState, headers: &HeaderMap) -> Result<Authenticated, ApiError> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    state
+        .callers
+        .identify(authorization)
+        .await
+        .map_err(|refusal| refused(&refusal))
+}
+
+/// The error of a refused caller.
+pub fn refused(refusal: &Refusal) -> ApiError {
+    ErrorObject::new(refusal.code(), refusal.message()).into()
 }
 
 /// Which credential the caller presented (the owner of its artifacts);
@@ -61,22 +75,15 @@ impl FromRequestParts<ApiState> for CallerKey {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
         if let Some(id) = parts.extensions.get::<CallerId>() {
-            return Ok(CallerKey(*id));
+            return Ok(CallerKey(id.clone()));
         }
-        caller_key(state, &parts.headers).map(CallerKey)
+        caller_key(state, &parts.headers).await.map(CallerKey)
     }
 }
 
 /// The credential of a request with `headers`, refused like [`Caller`].
-pub fn caller_key(state: &ApiState, headers: &HeaderMap) -> Result<CallerId, ApiError> {
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    state
-        .callers
-        .identify(authorization)
-        .map(|(_, id)| id)
-        .ok_or_else(unauthenticated)
+pub async fn caller_key(state: &ApiState, headers: &HeaderMap) -> Result<CallerId, ApiError> {
+    identify(state, headers).await.map(|caller| caller.id)
 }
 
 /// The request's id: the caller's `x-request-id` if it is short printable

@@ -19,9 +19,9 @@ use crate::error::ErrorObject;
 use crate::gateway::Routed;
 use crate::gateway::scope::Scope;
 use crate::gateway::server::GatewayRequest;
-use crate::gateway::session_id::caller_key;
+use crate::gateway::session_id::{caller_key, principal_key};
 use crate::http::error::ApiError;
-use crate::http::extract::RequestId;
+use crate::http::extract::{self, RequestId};
 use crate::http::state::ApiState;
 
 /// Path of the protected-resource metadata (RFC 9728) of the MCP endpoints.
@@ -80,28 +80,37 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let Some((task, caller)) = state.callers.identify(authorization) else {
-        let challenge = format!(
-            "Bearer resource_metadata=\"{}{RESOURCE_METADATA_PATH}\"",
-            origin_of(&request)
-        );
-        let mut response = ApiError::from(ErrorObject::new(
-            ErrorCode::Unauthenticated,
-            "missing or invalid bearer token",
-        ))
-        .into_response();
-        if let Ok(challenge) = HeaderValue::from_str(&challenge) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, challenge);
+    let caller = match state.callers.identify(authorization).await {
+        Ok(caller) => caller,
+        Err(refusal) => {
+            let mut response = extract::refused(&refusal).into_response();
+            if refusal.code() == ErrorCode::Unauthenticated {
+                let challenge = format!(
+                    "Bearer resource_metadata=\"{}{RESOURCE_METADATA_PATH}\"",
+                    origin_of(&request)
+                );
+                if let Ok(challenge) = HeaderValue::from_str(&challenge) {
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, challenge);
+                }
+            }
+            return response;
         }
-        return response;
+    };
+    // A session is bound to its caller: the token's digest for a configured
+    // token, the principal's for an identity provider's caller (whose
+    // tokens are refreshed during a session).
+    let caller_key = if caller.id.is_oidc() {
+        principal_key(&caller.id.principal())
+    } else {
+        caller_key(bearer(authorization))
     };
     let routed = Routed {
-        caller_key: caller_key(bearer(authorization)),
+        caller_key,
         request: GatewayRequest {
-            task,
-            caller,
+            task: caller.task,
+            caller: caller.id,
             scope,
             request_id: RequestId::of(request.headers()),
             session_id: None,

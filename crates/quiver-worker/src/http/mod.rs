@@ -38,6 +38,7 @@ pub mod servers;
 pub mod sessions;
 mod state;
 pub mod tools;
+pub mod whoami;
 
 pub use error::ApiError;
 pub use limits::MAX_REQUEST_BODY_BYTES;

@@ -6,7 +6,7 @@ use axum::routing::{any, delete, get, post};
 
 use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
-use crate::http::{artifacts, chat, fallback, mcp, ops, servers, sessions, tools};
+use crate::http::{artifacts, chat, fallback, mcp, ops, servers, sessions, tools, whoami};
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {
@@ -17,6 +17,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/artifacts/{id}", get(artifacts::get))
         .route("/v1/sessions/{session_id}", delete(sessions::end))
         .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/whoami", get(whoami::whoami))
         .route("/mcp", any(mcp::catalog))
         .route("/mcp/{server_id}", any(mcp::server))
         .route(mcp::RESOURCE_METADATA_PATH, get(mcp::resource_metadata))

@@ -108,7 +108,7 @@ pub async fn call(
     let context = CallContext {
         request_id,
         session_id,
-        artifacts_owner: Some(caller),
+        artifacts_owner: Some(caller.clone()),
         caller: Some(caller),
         ..Default::default()
     };

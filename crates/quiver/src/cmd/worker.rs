@@ -190,6 +190,11 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
             callers,
             tasks: file.tasks,
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+            identity_providers: file
+                .identity_providers
+                .into_iter()
+                .map(config::IdentityProviderEntry::into_config)
+                .collect(),
         },
         warm_up,
         upstream: args.upstream.options(file.upstream)?,
