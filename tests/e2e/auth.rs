@@ -296,3 +296,107 @@ async fn refuses_to_start_without_credentials_or_off_loopback() {
     );
     assert_eq!(revision, 1);
 }
+
+/// Issue #22: `--editor-token` and `--viewer-token-file` (as an operator
+/// passes them) grant exactly their roles through the real binary: the
+/// viewer reads and gets 403 naming the roles on a write, the editor writes;
+/// neither token reaches the log; an empty viewer token file is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editor_and_viewer_tokens_from_flags_and_files() {
+    const EDITOR: &str = "editor-e2e-secret";
+    const VIEWER: &str = "viewer-e2e-secret";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("quiver.db").display());
+    let viewer_file = dir.path().join("viewer.token");
+    std::fs::write(&viewer_file, format!("{VIEWER}\n")).expect("write token file");
+    let viewer_path = viewer_file.display().to_string();
+    let registry = RegistryProcess::start(&[
+        "--database-url",
+        &url,
+        "--admin-token",
+        ADMIN,
+        "--editor-token",
+        EDITOR,
+        "--viewer-token-file",
+        &viewer_path,
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, token: &str, body: Option<Value>| {
+        let mut request = http
+            .request(method, format!("{}/admin/api{path}", registry.http_url()))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let response = request.send().await.expect("request");
+            let status = response.status();
+            (status, response.json::<Value>().await.expect("JSON body"))
+        }
+    };
+    let record =
+        json!({"server_id": "roles-e2e", "transport": "stdio", "stdio": {"command": "true"}});
+    for (token, role) in [(EDITOR, "editor"), (VIEWER, "viewer")] {
+        let (status, body) = call(reqwest::Method::GET, "/whoami", token, None).await;
+        assert_eq!((status, &body["role"]), (StatusCode::OK, &json!(role)));
+    }
+    let (status, body) = call(
+        reqwest::Method::POST,
+        "/mcp/servers",
+        VIEWER,
+        Some(record.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "permission_denied", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("needs the editor role")
+            && message.contains("the viewer token may only read"),
+        "{message}"
+    );
+    let (status, body) = call(reqwest::Method::POST, "/mcp/servers", EDITOR, Some(record)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = call(reqwest::Method::GET, "/mcp/servers/roles-e2e", VIEWER, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // gRPC: the viewer may not write.
+    let mut viewer = registry.client(Some(VIEWER)).await;
+    assert_eq!(
+        code(upsert(&mut viewer, stdio_spec("grpc-viewer", "1")).await),
+        tonic::Code::PermissionDenied
+    );
+    let log = registry.log_tail();
+    assert!(
+        !log.contains(EDITOR) && !log.contains(VIEWER),
+        "a token was logged"
+    );
+
+    let empty = dir.path().join("empty.token");
+    std::fs::write(&empty, "\n").expect("write empty token file");
+    let empty_path = empty.display().to_string();
+    let other = format!("sqlite://{}", dir.path().join("other.db").display());
+    let args = [
+        "registry",
+        "--database-url",
+        &other,
+        "--admin-token",
+        ADMIN,
+        "--viewer-token-file",
+        &empty_path,
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ];
+    let finished = run_quiver(&args, Duration::from_secs(15)).await;
+    assert!(
+        !finished.status.success(),
+        "started with an empty viewer token: {finished:?}"
+    );
+    assert!(
+        finished.stderr.contains("viewer-token-file") || finished.stderr.contains("viewer token"),
+        "{}",
+        finished.stderr
+    );
+}

@@ -28,6 +28,7 @@ use crate::worker::{ADMIN, WORKER};
 
 const CALLER: &str = "e2e-web-caller-token";
 const APPROVER: &str = "e2e-web-approver-token";
+const VIEWER: &str = "e2e-web-viewer-token";
 const WORKER_ID: &str = "e2e-web-worker";
 /// Hard limit for the browser script (it normally takes 15–30 s).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(150);
@@ -304,6 +305,8 @@ async fn web_admin_in_chromium() {
         WORKER,
         "--approver-token",
         APPROVER,
+        "--viewer-token",
+        VIEWER,
         "--mcp-dir",
         &mcp_dir_arg,
         // Rescans happen when the page asks for them, nowhere else.
@@ -335,6 +338,7 @@ async fn web_admin_in_chromium() {
             ("QUIVER_ADMIN_TOKEN", ADMIN.into()),
             ("QUIVER_WORKER_TOKEN", WORKER.into()),
             ("QUIVER_APPROVER_TOKEN", APPROVER.into()),
+            ("QUIVER_VIEWER_TOKEN", VIEWER.into()),
             ("QUIVER_WORKER_ID", WORKER_ID.into()),
             ("QUIVER_WORKER_URL", worker.url().into()),
             ("QUIVER_CALLER_TOKEN", CALLER.into()),

@@ -33,6 +33,7 @@ const REGISTRY = need('QUIVER_REGISTRY_URL').replace(/\/$/, ''); // http://127.0
 const ADMIN = need('QUIVER_ADMIN_TOKEN');
 const WORKER = need('QUIVER_WORKER_TOKEN');
 const APPROVER = need('QUIVER_APPROVER_TOKEN');
+const VIEWER = need('QUIVER_VIEWER_TOKEN');
 const WORKER_ID = need('QUIVER_WORKER_ID');
 const WORKER_URL = need('QUIVER_WORKER_URL').replace(/\/$/, '');
 const CALLER = need('QUIVER_CALLER_TOKEN');
@@ -638,6 +639,29 @@ async function scenarios() {
     assert.ok(!full.includes(SECRET), 'history is masked for the worker token');
     await page.goto(`${ADMIN_URL}import`);
     await page.locator(tid('forbidden')).waitFor();
+  });
+
+  await step('the viewer token reads servers, approvals and OAuth status, and changes nothing', async () => {
+    await page.click(tid('sign-out'));
+    await page.locator(tid('sign-in-page')).waitFor();
+    await page.fill(tid('token-input'), VIEWER);
+    await page.click(tid('sign-in'));
+    await expectText(page.locator(tid('role-badge')), 'viewer');
+    await page.click(tid('nav-servers'));
+    await page.locator(`${tid('server-row')}[data-server-id="${ID}"]`).waitFor();
+    await expectHidden(page.locator(tid('new-server')));
+    await expectHidden(page.locator(tid('nav-import')));
+    await openServer(ID);
+    await page.locator(tid('read-only-banner')).waitFor();
+    for (const action of ['save', 'delete', 'test-connection']) {
+      assert.equal(await page.locator(tid(action)).count(), 0, `${action} is hidden`);
+    }
+    await page.click(tid('nav-approvals'));
+    await page.locator(`${tid('approval-row')}[data-state="approved"]`).waitFor();
+    assert.equal(await page.locator(tid('approve')).count(), 0, 'the viewer cannot decide');
+    await page.click(tid('nav-oauth'));
+    await page.locator(tid('oauth-page')).waitFor();
+    assert.equal(await page.locator(tid('oauth-save')).count(), 0, 'the viewer cannot change OAuth connections');
   });
 
   await step('the approver token sees the approvals page only', async () => {

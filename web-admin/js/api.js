@@ -95,7 +95,7 @@ export async function api(method, path, { query, body, text, contentType, token,
   return json;
 }
 
-/** `GET whoami` with an explicit token (or none): `"admin"`, `"worker"` or `"approver"`. */
+/** `GET whoami` with an explicit token (or none): `"admin"`, `"editor"`, `"viewer"`, `"approver"` or `"worker"`. */
 export async function whoami(token) {
   const body = await api('GET', 'whoami', { token: token ?? null });
   return body?.role;
@@ -129,7 +129,7 @@ export function workers() {
   return api('GET', 'workers');
 }
 
-/** The approval endpoints (reference §13.7): admin or approver token. */
+/** The approval endpoints (reference §5, §13.7): read by admin, editor, viewer and approver; decided by admin and approver. */
 export const approvals = {
   list: (state) => api('GET', 'approvals', { query: { state } }),
   decide: (id, decision, note) => api('POST', `approvals/${enc(id)}`, { body: { decision, note } }),

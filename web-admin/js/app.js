@@ -61,6 +61,12 @@ async function navigate(path, { replace: replaceState = false, force = false } =
 const context = {
   get role() { return session.role; },
   get isAdmin() { return session.role === 'admin'; },
+  // Writes MCP server records (reference §5): admin and editor.
+  get canEdit() { return session.role === 'admin' || session.role === 'editor'; },
+  // Decides approvals: admin and approver.
+  get canDecide() { return session.role === 'admin' || session.role === 'approver'; },
+  // Reads OAuth connection status and approvals: a person's token, not the worker's.
+  get isPerson() { return session.role !== 'worker'; },
   navigate,
   href: (path) => BASE + path,
 };
@@ -118,13 +124,13 @@ function shell() {
   nav = approver ? h('nav', { class: 'nav' }, approvals) : h('nav', { class: 'nav' },
     link('servers', { dataset: { section: 'servers' }, testid: 'nav-servers' }, 'Servers'),
     link('workers', { dataset: { section: 'workers' }, testid: 'nav-workers' }, 'Workers'),
-    admin ? approvals : null,
-    admin ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null,
-    admin ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null);
+    context.isPerson ? approvals : null,
+    context.canEdit ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null,
+    context.isPerson ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null);
   const roleBadge = session.insecure
     ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
     : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },
-      admin ? 'admin' : approver ? 'approver' : 'read-only');
+      admin ? 'admin' : approver ? 'approver' : session.role === 'editor' ? 'editor' : session.role === 'viewer' ? 'viewer' : 'read-only');
   main = h('main', { id: 'main' });
   replace(root,
     h('header', { class: 'topbar' },
@@ -148,7 +154,7 @@ function signOut() {
 function signIn(notice) {
   const input = h('input', {
     type: 'password', id: 'token', testid: 'token-input', autocomplete: 'off', spellcheck: 'false',
-    placeholder: 'admin or worker token', required: true,
+    placeholder: 'admin, editor, viewer, approver or worker token', required: true,
   });
   const error = h('div', { class: 'banner banner-error', testid: 'sign-in-error', hidden: !notice }, notice ?? '');
   const button = h('button', { type: 'submit', class: 'btn btn-primary', testid: 'sign-in' }, 'Sign in');
@@ -161,7 +167,7 @@ function signIn(notice) {
       button.textContent = 'Signing in…';
       try {
         const role = await whoami(token);
-        if (role !== 'admin' && role !== 'worker' && role !== 'approver') throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
+        if (!['admin', 'editor', 'viewer', 'approver', 'worker'].includes(role)) throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
         setToken(token);
         session.role = role;
         session.insecure = false;
@@ -178,7 +184,7 @@ function signIn(notice) {
     },
   },
   h('div', { class: 'field' }, h('label', { for: 'token' }, 'Token'), input,
-    h('div', { class: 'hint' }, 'The admin token can change records; the worker token gives a read-only view. It is kept in this tab only (sessionStorage).')),
+    h('div', { class: 'hint' }, 'The admin and editor tokens can change records; the viewer and worker tokens give a read-only view; the approver token decides approvals. It is kept in this tab only (sessionStorage).')),
   error,
   button);
   replace(root,

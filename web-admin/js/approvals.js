@@ -9,7 +9,7 @@ const REFRESH_MS = 5000;
 
 const STATE_KIND = { pending: 'warn', approved: 'ok', used: 'accent', denied: 'bad', expired: 'outline' };
 
-export function approvalsPage() {
+export function approvalsPage(ctx) {
   const pendingBody = h('div', {}, loading('Loading approvals…'));
   const historyBody = h('div', {});
   const updated = h('span', { class: 'updated small muted', testid: 'refreshed' });
@@ -97,7 +97,8 @@ export function approvalsPage() {
         h('div', { class: 'chips' }, badge('pending', STATE_KIND.pending, { testid: 'approval-state' }))),
       callSummary(a),
       h('pre', { class: 'json', testid: 'approval-arguments' }, argumentsText(a, 2)),
-      h('div', { class: 'actions' },
+      // Viewers and editors read approvals; approvers and admins decide.
+      ctx?.canDecide === false ? null : h('div', { class: 'actions' },
         note,
         h('button', { type: 'button', class: 'btn btn-primary', testid: 'approve', onclick: decide('approve') }, 'Approve'),
         h('button', { type: 'button', class: 'btn btn-danger', testid: 'deny', onclick: decide('deny') }, 'Deny')));

@@ -32,7 +32,7 @@ function apply(body, path, value) {
 
 export function serverPage(ctx, { id }) {
   const isNew = id == null;
-  const readOnly = !ctx.isAdmin;
+  const readOnly = !ctx.canEdit;
   const el = h('div', { testid: 'server-page' }, loading(isNew ? 'Preparing the form…' : `Loading ${id}…`));
   const page = { el, dispose() { state.disposed = true; evaluateSoon.cancel(); }, isDirty: () => !readOnly && state.ready && isDirty() };
 
@@ -480,7 +480,7 @@ export function serverPage(ctx, { id }) {
     if (!p) {
       replace(previewBody, h('div', { class: 'rows-empty', testid: 'preview-empty' },
         readOnly
-          ? 'Testing a connection needs the admin token.'
+          ? 'Testing a connection needs the editor or admin role.'
           : 'Run "Test connection" to start the server with this form\'s settings (initialize + tools/list) and see which tools workers would inject.'));
       return;
     }
@@ -695,7 +695,7 @@ export function serverPage(ctx, { id }) {
     const banners = [];
     if (readOnly) {
       banners.push(h('div', { class: 'banner banner-info', testid: 'read-only-banner' },
-        h('div', { class: 'grow' }, h('b', {}, 'Read-only. '), 'You are signed in with the worker token: you can look, not change. Secret values are masked.')));
+        h('div', { class: 'grow' }, h('b', {}, 'Read-only. '), 'You are signed in with a token that can only read: you can look, not change. Secret values are masked.')));
     }
     if (stored && sourceKind(stored.source) === 'file') {
       banners.push(h('div', { class: 'banner banner-warn', testid: 'file-banner' },

@@ -82,7 +82,7 @@ export function historyPage(ctx, { id }) {
     const before = previous?.kind === 'upsert' ? previous.spec : null;
     const after = entry.kind === 'upsert' ? entry.spec : null;
     const changes = diffRecords(before ?? {}, after ?? {});
-    const canRollback = ctx.isAdmin && entry.kind === 'upsert' && entry !== current;
+    const canRollback = ctx.canEdit && entry.kind === 'upsert' && entry !== current;
     return h('section', { class: 'card', testid: 'history-detail', dataset: { revision: String(entry.revision) } },
       h('div', { class: 'card-head' },
         h('div', {},

@@ -12,11 +12,11 @@ command = "npx"
 args = ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]`;
 
 export function importPage(ctx) {
-  if (!ctx.isAdmin) {
+  if (!ctx.canEdit) {
     return {
       el: stateBox({
-        title: 'Import needs the admin token',
-        text: 'You are signed in with the worker token, which can only read.',
+        title: 'Import needs the editor or admin role',
+        text: 'You are signed in with a token that can only read.',
         testid: 'forbidden',
         actions: [ctx.link('servers', { class: 'btn' }, 'Back to servers')],
       }),

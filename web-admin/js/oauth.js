@@ -1,4 +1,4 @@
-// OAuth connections (admin token): a record's `http.auth_ref` names one. The
+// OAuth connections (status: admin, editor, viewer; changes: admin): a record's `http.auth_ref` names one. The
 // list with each connection's status, Connect / Reconnect (the browser goes to
 // the authorization server, which sends it back to `/admin/oauth/callback`,
 // then here with `?connected=<name>`), delete, and a form to add or update a
@@ -26,10 +26,13 @@ const oauthApi = {
 };
 
 export function oauthPage(ctx) {
-  if (!ctx.isAdmin) {
+  // Viewers and editors see the connections' status; only the admin
+  // changes or connects them (reference §5).
+  const canWrite = ctx.isAdmin;
+  if (!ctx.isPerson) {
     return {
       el: stateBox({
-        title: 'OAuth connections need the admin token',
+        title: 'OAuth connections need a person\'s token',
         text: 'You are signed in with a token that cannot manage OAuth connections.',
         testid: 'forbidden',
         actions: [ctx.link('servers', { class: 'btn' }, 'Back to servers')],
@@ -204,7 +207,7 @@ export function oauthPage(ctx) {
         h('button', { type: 'button', class: 'btn btn-small', testid: 'refresh', onclick: () => { lastKey = ''; load(); } }, 'Refresh'))),
     connectError,
     body,
-    form);
+    canWrite ? form : null);
 
   let timer = null;
   let disposed = false;
@@ -270,13 +273,13 @@ export function oauthPage(ctx) {
       h('td', { class: 'nowrap small', testid: `oauth-expires-${c.name}` }, c.expires_at ? formatTime(c.expires_at) : h('span', { class: 'muted' }, '—')),
       h('td', { class: 'num', testid: `oauth-refresh-count-${c.name}` }, String(c.refresh_count ?? 0)),
       h('td', { class: 'err', testid: `oauth-last-error-${c.name}` }, c.last_error ?? h('span', { class: 'muted' }, '—')),
-      h('td', {}, h('div', { class: 'oauth-actions' },
+      h('td', {}, canWrite ? h('div', { class: 'oauth-actions' },
         h('button', {
           type: 'button', class: `btn btn-small${again ? '' : ' btn-primary'}`, testid: `oauth-connect-${c.name}`,
           disabled: working, onclick: () => connect(c),
         }, working ? 'Connecting…' : again ? 'Reconnect' : 'Connect'),
         h('button', { type: 'button', class: 'btn btn-small', testid: `oauth-edit-${c.name}`, onclick: () => edit(c) }, 'Edit'),
-        h('button', { type: 'button', class: 'btn btn-small btn-danger', testid: `oauth-delete-${c.name}`, onclick: () => remove(c) }, 'Delete'))));
+        h('button', { type: 'button', class: 'btn btn-small btn-danger', testid: `oauth-delete-${c.name}`, onclick: () => remove(c) }, 'Delete')) : null));
   }
 
   function setBusy(name, on) {
@@ -338,7 +341,7 @@ export function oauthPage(ctx) {
   load();
   return {
     el,
-    isDirty: () => snapshot() !== baseline,
+    isDirty: () => canWrite && snapshot() !== baseline,
     dispose() {
       disposed = true;
       clearTimeout(timer);

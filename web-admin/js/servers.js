@@ -42,8 +42,8 @@ export function serversPage(ctx) {
     h('div', { class: 'page-head' },
       h('div', {}, h('h1', {}, 'MCP servers'), summary),
       h('div', { class: 'actions' },
-        ctx.isAdmin ? ctx.link('import', { class: 'btn', testid: 'import-link' }, 'Import file') : null,
-        ctx.isAdmin ? ctx.link('servers/new', { class: 'btn btn-primary', testid: 'new-server' }, '+ New server') : null)),
+        ctx.canEdit ? ctx.link('import', { class: 'btn', testid: 'import-link' }, 'Import file') : null,
+        ctx.canEdit ? ctx.link('servers/new', { class: 'btn btn-primary', testid: 'new-server' }, '+ New server') : null)),
     h('div', { class: 'toolbar' }, search, transport, enabled, status,
       h('span', { class: 'spacer' }), updated,
       h('button', { type: 'button', class: 'btn btn-small', testid: 'refresh', onclick: () => load(true) }, 'Refresh')),
@@ -139,7 +139,7 @@ export function serversPage(ctx) {
         title: 'No MCP servers yet',
         text: 'Workers can use a tool only from a server registered here. Create one, import a TOML/JSON file, or add files to mcp.d.',
         testid: 'empty-state',
-        actions: ctx.isAdmin
+        actions: ctx.canEdit
           ? [ctx.link('servers/new', { class: 'btn btn-primary' }, '+ New server'), ctx.link('import', { class: 'btn' }, 'Import a file')]
           : [],
       }));

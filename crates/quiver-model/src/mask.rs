@@ -465,9 +465,61 @@ impl McpServerSpec {
     }
 }
 
+impl McpServerSpec {
+    /// Whether this record's values go where `stored`'s go: the same
+    /// transport, the same stdio command, arguments and directory (the
+    /// process its environment is given to), the same HTTP origin (where
+    /// its headers and URL are sent). A stored secret kept through a masked
+    /// value by someone who may not read it must not be sent elsewhere.
+    pub fn same_destination(&self, stored: &McpServerSpec) -> bool {
+        let stdio = match (&self.stdio, &stored.stdio) {
+            (Some(a), Some(b)) => a.command == b.command && a.args == b.args && a.cwd == b.cwd,
+            (None, None) => true,
+            _ => false,
+        };
+        let origin = |url: &str| url::Url::parse(url).ok().map(|url| url.origin());
+        let http = match (&self.http, &stored.http) {
+            (Some(a), Some(b)) => origin(&a.url).is_some() && origin(&a.url) == origin(&b.url),
+            (None, None) => true,
+            _ => false,
+        };
+        self.transport == stored.transport && stdio && http
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::record::{HttpConfig, McpServerSpec, StdioConfig, Transport};
+
+    #[test]
+    fn a_destination_is_the_command_or_the_origin() {
+        let mut stdio = McpServerSpec::new("s", Transport::Stdio);
+        stdio.stdio = Some(StdioConfig {
+            command: "server".into(),
+            ..Default::default()
+        });
+        let mut other = stdio.clone();
+        assert!(other.same_destination(&stdio));
+        other
+            .stdio
+            .as_mut()
+            .unwrap()
+            .args
+            .push("--exfiltrate".into());
+        assert!(!other.same_destination(&stdio));
+
+        let mut http = McpServerSpec::new("h", Transport::StreamableHttp);
+        http.http = Some(HttpConfig {
+            url: "https://mcp.example.com/a".into(),
+            ..Default::default()
+        });
+        let mut moved = http.clone();
+        moved.http.as_mut().unwrap().url = "https://mcp.example.com/b?x=1".into();
+        assert!(moved.same_destination(&http), "same origin");
+        moved.http.as_mut().unwrap().url = "https://attacker.example/a".into();
+        assert!(!moved.same_destination(&http));
+        assert!(!stdio.same_destination(&http));
+    }
 
     #[test]
     fn literals_are_masked_references_are_not() {

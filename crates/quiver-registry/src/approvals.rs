@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, State};
-use axum::http::request::Parts;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use quiver_model::approval::{
@@ -25,9 +25,8 @@ use quiver_store::{DecideOutcome, NewApproval};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::auth::Role;
 use crate::error::RegistryError;
-use crate::rest::{Params, http_identity};
+use crate::rest::{Params, RequireApprovalReader, RequireApprover};
 use crate::state::RegistryState;
 
 /// How long an approval waits for its decision and then for its one use
@@ -317,33 +316,16 @@ pub fn router() -> Router<RegistryState> {
         .route("/approvals/{id}", get(show).post(decide))
 }
 
-/// A caller of the approvals API: the admin or the approver token. Who
-/// decides is the authenticated credential (`decided_by`: `approver` or
-/// `admin`); the client's `x-quiver-actor` header is only a display note in
-/// the audit line, never the identity.
-struct Approver {
-    role: Role,
-    note: String,
-}
-
-impl FromRequestParts<RegistryState> for Approver {
-    type Rejection = RegistryError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &RegistryState,
-    ) -> Result<Self, Self::Rejection> {
-        let (role, _) = http_identity(parts, state)?;
-        role.require_approver()?;
-        let note = crate::state::actor_name(
-            parts
-                .headers
-                .get(crate::rest::ACTOR_HEADER)
-                .and_then(|v| v.to_str().ok()),
-            "",
-        );
-        Ok(Approver { role, note })
-    }
+/// Who decides is the authenticated credential's role (`decided_by`:
+/// `approver` or `admin`); the client's `x-quiver-actor` header is only a
+/// display note in the audit line, never the identity.
+fn display_note(headers: &HeaderMap) -> String {
+    crate::state::actor_name(
+        headers
+            .get(crate::rest::ACTOR_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        "",
+    )
 }
 
 /// An approval as the REST API shows it: arguments with secret-looking
@@ -400,7 +382,7 @@ fn list_query(
 }
 
 async fn list(
-    _caller: Approver,
+    _caller: RequireApprovalReader,
     State(state): State<RegistryState>,
     Params(query): Params,
 ) -> Result<Response, RegistryError> {
@@ -411,7 +393,7 @@ async fn list(
 }
 
 async fn show(
-    _caller: Approver,
+    _caller: RequireApprovalReader,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
 ) -> Result<Response, RegistryError> {
@@ -428,9 +410,10 @@ struct DecisionBody {
 }
 
 async fn decide(
-    caller: Approver,
+    RequireApprover(caller): RequireApprover,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
     let body: DecisionBody = serde_json::from_slice(&body).map_err(|err| {
@@ -449,7 +432,13 @@ async fn decide(
         ));
     }
     let approval = state
-        .decide_approval(&id, body.decision, caller.role.as_str(), &caller.note, note)
+        .decide_approval(
+            &id,
+            body.decision,
+            caller.role.as_str(),
+            &display_note(&headers),
+            note,
+        )
         .await?;
     Ok(axum::Json(presented(&approval)).into_response())
 }

@@ -1,8 +1,11 @@
 //! The gRPC `McpRegistryService` (docs/reference.md §3).
 //!
-//! Reads need the worker or admin token; writes need the admin token. Reads
-//! over gRPC are not masked: workers must see the literal values they start
-//! servers with. (REST reads without the admin token are masked.)
+//! Record reads need the worker, viewer, editor or admin token; record
+//! writes the editor or admin token; the data plane's other calls (status
+//! reports, approvals, OAuth access tokens, gateway sessions) the worker or
+//! admin token (docs/reference.md §5). Reads with the worker or admin token
+//! are not masked: workers must see the literal values they start servers
+//! with; viewer and editor reads are masked like REST reads.
 
 use std::pin::Pin;
 
@@ -21,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::approvals::ApprovalRequest;
-use crate::auth::Role;
+use crate::auth::{Need, Role};
 use crate::error::RegistryError;
 use crate::feed::WatchEvent;
 use crate::state::RegistryState;
@@ -44,7 +47,7 @@ impl GrpcService {
     pub(crate) fn role<T>(
         &self,
         request: &Request<T>,
-        needed: Role,
+        needed: Need,
     ) -> Result<Role, RegistryError> {
         let header = request
             .metadata()
@@ -103,15 +106,20 @@ async fn encoded_list(
         let header = headers
             .get("authorization")
             .and_then(|value| value.to_str().ok());
-        state.auth.authenticate(header)?.require(Role::Worker)?;
-        state.feed.head().await
+        let role = state.auth.authenticate(header)?;
+        role.require(Need::Reader)?;
+        Ok::<_, RegistryError>((role, state.feed.head().await?))
     }
     .await;
-    let head = match head {
-        Ok(head) => head,
+    let (role, head) = match head {
+        Ok(found) => found,
         Err(err) => return Status::from(err).into_http(),
     };
-    let message = head.grpc_list();
+    let message = if role.reads_literals_over_grpc() {
+        head.grpc_list()
+    } else {
+        bytes::Bytes::from(prost::Message::encode_to_vec(&masked_list(&head)))
+    };
     // The gRPC length prefix: not compressed, then the length (big endian).
     let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
     let mut prefix = Vec::with_capacity(5);
@@ -161,6 +169,38 @@ impl http_body::Body for OneMessage {
     }
 }
 
+/// A record with literal env/header values masked (reads of roles that do
+/// not see secrets, [`Role::reads_literals_over_grpc`]).
+fn masked(server: quiver_model::StoredServer) -> quiver_model::StoredServer {
+    quiver_model::StoredServer {
+        spec: server.spec.masked(),
+        ..server
+    }
+}
+
+/// The head's list message with every record masked.
+fn masked_list(head: &crate::head::HeadView) -> pb::ListMcpServersResponse {
+    pb::ListMcpServersResponse {
+        revision: head.revision,
+        servers: head
+            .servers
+            .values()
+            .map(|server| (&masked(server.as_ref().clone())).into())
+            .collect(),
+    }
+}
+
+/// A watch event with its record masked.
+fn masked_change(change: &crate::feed::FeedChange) -> pb::WatchMcpServersResponse {
+    let mut message = pb::WatchMcpServersResponse::from(&change.change);
+    if let Some(server) = &change.server {
+        message
+            .servers
+            .push((&masked(server.as_ref().clone())).into());
+    }
+    message
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchMcpServersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -172,16 +212,20 @@ impl McpRegistryService for GrpcService {
         // The registry's listener answers this call with the encoded head
         // before it gets here ([`encoded_list_route`]); this path serves other
         // embeddings of the service.
-        self.role(&request, Role::Worker)?;
+        let role = self.role(&request, Need::Reader)?;
         let head = self.state.feed.head().await?;
-        Ok(Response::new(head.list_message()))
+        Ok(Response::new(if role.reads_literals_over_grpc() {
+            head.list_message()
+        } else {
+            masked_list(&head)
+        }))
     }
 
     async fn get_mcp_server(
         &self,
         request: Request<pb::GetMcpServerRequest>,
     ) -> Result<Response<pb::GetMcpServerResponse>, Status> {
-        self.role(&request, Role::Worker)?;
+        let role = self.role(&request, Need::Reader)?;
         let id = &request.get_ref().server_id;
         let server = self
             .state
@@ -190,6 +234,11 @@ impl McpRegistryService for GrpcService {
             .await
             .map_err(RegistryError::from)?
             .ok_or_else(|| RegistryError::NotFound(format!("mcp server {id:?} not found")))?;
+        let server = if role.reads_literals_over_grpc() {
+            server
+        } else {
+            masked(server)
+        };
         Ok(Response::new(pb::GetMcpServerResponse {
             server: Some((&server).into()),
         }))
@@ -201,14 +250,16 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::WatchMcpServersRequest>,
     ) -> Result<Response<Self::WatchMcpServersStream>, Status> {
-        self.role(&request, Role::Worker)?;
+        let role = self.role(&request, Need::Reader)?;
         let events = self
             .state
             .feed
             .watch(request.get_ref().since_revision)
             .await?;
-        let stream = ReceiverStream::new(events).map(|event| match event {
-            Ok(WatchEvent::Change(change)) => Ok(change.message()),
+        let secrets = role.reads_literals_over_grpc();
+        let stream = ReceiverStream::new(events).map(move |event| match event {
+            Ok(WatchEvent::Change(change)) if secrets => Ok(change.message()),
+            Ok(WatchEvent::Change(change)) => Ok(masked_change(&change)),
             Ok(WatchEvent::Heartbeat(revision)) => Ok(pb::WatchMcpServersResponse {
                 revision,
                 heartbeat: true,
@@ -223,7 +274,7 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::UpsertMcpServerRequest>,
     ) -> Result<Response<pb::UpsertMcpServerResponse>, Status> {
-        self.role(&request, Role::Admin)?;
+        self.role(&request, Need::Editor)?;
         let actor = Self::actor(&request);
         let request = request.into_inner();
         let spec = request
@@ -249,7 +300,7 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::ApplyMcpServersRequest>,
     ) -> Result<Response<pb::ApplyMcpServersResponse>, Status> {
-        self.role(&request, Role::Admin)?;
+        self.role(&request, Need::Editor)?;
         let actor = Self::actor(&request);
         let mut requests = Vec::new();
         for (index, entry) in request.into_inner().servers.into_iter().enumerate() {
@@ -284,7 +335,7 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::DeleteMcpServerRequest>,
     ) -> Result<Response<pb::DeleteMcpServerResponse>, Status> {
-        self.role(&request, Role::Admin)?;
+        self.role(&request, Need::Editor)?;
         let actor = Self::actor(&request);
         let request = request.into_inner();
         let revision = self
@@ -303,8 +354,13 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::GetMcpServerHistoryRequest>,
     ) -> Result<Response<pb::GetMcpServerHistoryResponse>, Status> {
-        self.role(&request, Role::Worker)?;
-        let entries = self.state.history(&request.get_ref().server_id).await?;
+        let role = self.role(&request, Need::Reader)?;
+        let mut entries = self.state.history(&request.get_ref().server_id).await?;
+        if !role.reads_literals_over_grpc() {
+            for entry in &mut entries {
+                entry.spec = entry.spec.take().map(|spec| spec.masked());
+            }
+        }
         Ok(Response::new(pb::GetMcpServerHistoryResponse {
             entries: entries.iter().map(Into::into).collect(),
         }))
@@ -314,7 +370,7 @@ impl McpRegistryService for GrpcService {
         &self,
         request: Request<pb::ReportWorkerStatusRequest>,
     ) -> Result<Response<pb::ReportWorkerStatusResponse>, Status> {
-        self.role(&request, Role::Worker)?;
+        self.role(&request, Need::Worker)?;
         let report = request.into_inner();
         // From memory: a report per worker every few seconds costs no read.
         let head_revision = self.state.feed.known_revision();
@@ -365,7 +421,7 @@ impl GrpcApprovalService {
     /// Checks the worker (or admin) credential; returns its role and the
     /// worker's id it names (`x-quiver-actor`, audit only).
     fn credential<T>(&self, request: &Request<T>) -> Result<(Role, String), RegistryError> {
-        let role = self.inner.role(request, Role::Worker)?;
+        let role = self.inner.role(request, Need::Worker)?;
         let via = crate::state::actor_name(
             request
                 .metadata()
@@ -491,7 +547,7 @@ impl McpOAuthService for GrpcOAuthService {
         &self,
         request: Request<pb::GetAccessTokenRequest>,
     ) -> Result<Response<pb::GetAccessTokenResponse>, Status> {
-        let role = self.inner.role(&request, Role::Worker)?;
+        let role = self.inner.role(&request, Need::Worker)?;
         let metadata_actor = crate::state::actor_name(
             request
                 .metadata()

@@ -3,8 +3,11 @@
 //! Bodies use the `mcp.d` field names. Record bodies are parsed strictly
 //! (unknown fields are errors) so typos never silently vanish. Errors are JSON
 //! `{"error": {"code", "message", "field"?}}` with a fitting status; reads made
-//! without the admin token mask literal env and header values, and so do
-//! reads with `?masked=true` (the web admin never holds secrets).
+//! with the viewer or editor token mask literal env and header values, and so
+//! do reads with `?masked=true` (the web admin never holds secrets).
+//!
+//! Who may call a route is the extractor its handler takes ([`RequireEditor`],
+//! [`RequireReader`], …; docs/reference.md §5), never the request's path.
 //!
 //! Masked values stay masked unless changed: a record written back (upsert,
 //! import) or previewed with an env/header value (or a URL secret) that is
@@ -38,7 +41,7 @@ use quiver_store::{DeleteRequest, MAX_REVISION, UpsertOutcome, UpsertRequest};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::auth::Role;
+use crate::auth::{Need, Role};
 use crate::error::RegistryError;
 use crate::preview::{self, EvaluateRequest};
 use crate::state::{
@@ -191,19 +194,16 @@ fn form_decoded(text: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// The authenticated caller of a request.
+/// The authenticated caller of a request, as an extractor below let it
+/// through.
 pub(crate) struct Caller {
-    role: Role,
+    pub(crate) role: Role,
     pub(crate) actor: String,
 }
 
 impl Caller {
-    pub(crate) fn require_admin(&self) -> Result<(), RegistryError> {
-        self.role.require(Role::Admin)
-    }
-
     /// Whether reads must mask literal values: always without the admin
-    /// token, on request (`?masked=true`) with it.
+    /// role, on request (`?masked=true`) with it.
     fn masks(&self, query: &HashMap<String, String>) -> Result<bool, RegistryError> {
         Ok(self.role != Role::Admin || flag(query, "masked", false)?)
     }
@@ -245,29 +245,66 @@ fn flag(query: &HashMap<String, String>, name: &str, default: bool) -> Result<bo
     }
 }
 
-/// A caller of the record routes: the worker token (reads) or the admin
-/// token. The approver token reaches only the approvals routes (their own
-/// extractor, `crate::approvals`) and `whoami` ([`AnyRole`]): which
-/// extractor a handler takes decides, never the request's path.
-impl FromRequestParts<RegistryState> for Caller {
-    type Rejection = RegistryError;
+/// Declares an extractor that lets through the callers whose role has
+/// `$need` and refuses the others (403 `permission_denied` naming the role
+/// needed and the one presented). Which extractor a handler takes decides
+/// who may call it, never the request's path (docs/reference.md §5).
+macro_rules! requirement {
+    ($(#[$doc:meta])* $name:ident, $need:expr) => {
+        $(#[$doc])*
+        #[allow(dead_code, reason = "some routes need only the check, not the caller")]
+        pub(crate) struct $name(pub(crate) Caller);
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &RegistryState,
-    ) -> Result<Self, Self::Rejection> {
-        let (role, actor) = http_identity(parts, state)?;
-        if role == Role::Approver {
-            return Err(RegistryError::PermissionDenied(
-                "the approver token may only read and decide approvals".into(),
-            ));
+        impl FromRequestParts<RegistryState> for $name {
+            type Rejection = RegistryError;
+
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &RegistryState,
+            ) -> Result<Self, Self::Rejection> {
+                let (role, actor) = http_identity(parts, state)?;
+                role.require($need)?;
+                Ok($name(Caller { role, actor }))
+            }
         }
-        Ok(Caller { role, actor })
-    }
+    };
 }
 
-/// Any authenticated caller, the approver token included: the extractor of
-/// `whoami`, which the web admin signs in with.
+requirement!(
+    /// The admin role only: OAuth connection writes and Connect.
+    RequireAdmin,
+    Need::Admin
+);
+requirement!(
+    /// Editor or admin: MCP server record writes, imports, rescans, previews.
+    RequireEditor,
+    Need::Editor
+);
+requirement!(
+    /// Viewer, editor or admin: what people read that the worker token does
+    /// not (OAuth connection status).
+    RequireViewer,
+    Need::Viewer
+);
+requirement!(
+    /// Viewer, editor, admin or the worker token: record reads (masked
+    /// unless admin), history, audit, workers, evaluate.
+    RequireReader,
+    Need::Reader
+);
+requirement!(
+    /// Approver, viewer, editor or admin: reading approvals.
+    RequireApprovalReader,
+    Need::ApprovalReader
+);
+requirement!(
+    /// Approver or admin: deciding approvals.
+    RequireApprover,
+    Need::Approver
+);
+
+/// Any authenticated caller, whatever its role: the extractor of `whoami`,
+/// which the web admin signs in with.
 pub(crate) struct AnyRole(Role);
 
 impl FromRequestParts<RegistryState> for AnyRole {
@@ -292,12 +329,7 @@ pub fn http_identity(
     let role = state
         .auth
         .authenticate(header(header::AUTHORIZATION.as_str()))?;
-    let fallback = if role == Role::Approver {
-        "approver"
-    } else {
-        "admin"
-    };
-    Ok((role, actor_name(header(ACTOR_HEADER), fallback)))
+    Ok((role, actor_name(header(ACTOR_HEADER), role.as_str())))
 }
 
 /// `?expected_revision=N` or `If-Match: "N"`; the query string wins.
@@ -358,7 +390,7 @@ async fn whoami(AnyRole(role): AnyRole) -> Response {
 }
 
 async fn list_servers(
-    caller: Caller,
+    RequireReader(caller): RequireReader,
     State(state): State<RegistryState>,
     Params(query): Params,
 ) -> Result<Response, RegistryError> {
@@ -373,7 +405,7 @@ async fn list_servers(
 }
 
 async fn get_server(
-    caller: Caller,
+    RequireReader(caller): RequireReader,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
     Params(query): Params,
@@ -393,35 +425,36 @@ async fn get_server(
 }
 
 async fn upsert_server(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     Params(query): Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let expected_revision = expected_revision(&query, &headers)?;
     let masked = caller.masks(&query)?;
     let spec = parse_record(body_text(&body)?, Format::Json, Strictness::Strict)?.spec;
     let outcome = state
-        .upsert_keeping_masked(UpsertRequest {
-            spec,
-            expected_revision,
-            actor: caller.actor,
-            source: Source::Admin,
-        })
+        .upsert_keeping_masked(
+            UpsertRequest {
+                spec,
+                expected_revision,
+                actor: caller.actor,
+                source: Source::Admin,
+            },
+            caller.role,
+        )
         .await?;
     Ok(upsert_response(outcome, masked))
 }
 
 async fn delete_server(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
     Params(query): Params,
     headers: HeaderMap,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let revision = state
         .delete(DeleteRequest {
             server_id: id,
@@ -434,7 +467,7 @@ async fn delete_server(
 }
 
 async fn server_history(
-    caller: Caller,
+    RequireReader(caller): RequireReader,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
     Params(query): Params,
@@ -459,13 +492,12 @@ struct RollbackBody {
 
 /// Re-applies the content of an earlier revision as a new upsert (R-STORE-5).
 async fn rollback_server(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     Path(id): Path<String>,
     Params(query): Params,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let masked = caller.masks(&query)?;
     let request: RollbackBody =
         serde_json::from_slice(&body).map_err(|err| RegistryError::InvalidArgument {
@@ -538,13 +570,12 @@ fn import_format(
 /// Imports an uploaded `mcp.d` file (one record or `[[servers]]`): every
 /// record is validated before any is written.
 async fn import(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     Params(query): Params,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let text = body_text(&body)?;
     let format = import_format(&query, &headers, text)?;
     let strictness = if flag(&query, "strict", true)? {
@@ -560,7 +591,7 @@ async fn import(
     for (i, record) in records.iter().enumerate() {
         if record.spec.has_masked_values() {
             state
-                .restore_masked(record.spec.clone())
+                .restore_masked(record.spec.clone(), caller.role)
                 .await
                 .map_err(|err| if several { in_record(err, i) } else { err })?;
         }
@@ -569,12 +600,15 @@ async fn import(
     for record in records {
         let server_id = record.spec.server_id.clone();
         let result = state
-            .upsert_keeping_masked(UpsertRequest {
-                spec: record.spec,
-                expected_revision: None,
-                actor: caller.actor.clone(),
-                source: Source::Admin,
-            })
+            .upsert_keeping_masked(
+                UpsertRequest {
+                    spec: record.spec,
+                    expected_revision: None,
+                    actor: caller.actor.clone(),
+                    source: Source::Admin,
+                },
+                caller.role,
+            )
             .await;
         results.push(match result {
             Ok(outcome) => {
@@ -599,11 +633,10 @@ async fn import(
 /// revision they were read at, so a concurrent change fails the batch
 /// instead of being overwritten.
 async fn apply_servers(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let body: Value =
         serde_json::from_str(body_text(&body)?).map_err(|err| RegistryError::InvalidArgument {
             field: None,
@@ -651,8 +684,8 @@ async fn apply_servers(
             let current = stored.as_ref().map_or(0, |s| s.revision);
             expected_revision = Some(expected_revision.unwrap_or(current));
             let mut spec = spec;
-            spec.restore_masked(stored.as_ref().map(|s| &s.spec))
-                .map_err(|err| RegistryError::from(err).in_record(index))?;
+            crate::state::keep_masked(&mut spec, stored.as_ref().map(|s| &s.spec), caller.role)
+                .map_err(|err| err.in_record(index))?;
             spec
         } else {
             spec
@@ -712,10 +745,9 @@ fn in_record(err: RegistryError, index: usize) -> RegistryError {
 }
 
 async fn rescan(
-    caller: Caller,
+    _caller: RequireEditor,
     State(state): State<RegistryState>,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let RescanOutcome { scan, report } = state.rescan().await?;
     Ok(axum::Json(json!({
         "records": scan.records.iter().map(|r| json!({"server_id": r.spec.server_id, "file": r.file})).collect::<Vec<_>>(),
@@ -733,16 +765,15 @@ async fn rescan(
 }
 
 /// Connects to the record's server from the registry and previews its tools
-/// (see [`crate::preview`]). Admin only: it starts the record's command on
-/// the registry host.
+/// (see [`crate::preview`]). Editor or admin: it starts the record's
+/// command on the registry host.
 async fn preview_tools(
-    caller: Caller,
+    RequireEditor(caller): RequireEditor,
     State(state): State<RegistryState>,
     body: Bytes,
 ) -> Result<Response, RegistryError> {
-    caller.require_admin()?;
     let spec = parse_record(body_text(&body)?, Format::Json, Strictness::Strict)?.spec;
-    let spec = state.restore_masked(spec).await?;
+    let spec = state.restore_masked(spec, caller.role).await?;
     tracing::info!(
         target: "quiver::audit",
         action = "preview",
@@ -764,7 +795,7 @@ async fn preview_tools(
 }
 
 /// The preview's decisions for given tool names, without connecting.
-async fn evaluate_tools(_caller: Caller, body: Bytes) -> Result<Response, RegistryError> {
+async fn evaluate_tools(_caller: RequireReader, body: Bytes) -> Result<Response, RegistryError> {
     let request = EvaluateRequest::parse(&body)?;
     let evaluation = preview::evaluate(&request.record, request.tools.iter().map(String::as_str))?;
     Ok(axum::Json(evaluation).into_response())
@@ -833,7 +864,7 @@ fn audit_query(query: &HashMap<String, String>) -> Result<AuditQuery, RegistryEr
 /// Registry changes of every record (or of one), with the paths of the
 /// fields each changed; readable with the worker token as it holds no values.
 async fn audit(
-    _caller: Caller,
+    _caller: RequireReader,
     State(state): State<RegistryState>,
     Params(query): Params,
 ) -> Result<Response, RegistryError> {
@@ -844,7 +875,7 @@ async fn audit(
 /// What workers last reported. `last_error`s are redacted with the
 /// record's secrets; the stderr part of one is for the admin token only.
 async fn list_workers(
-    caller: Caller,
+    RequireReader(caller): RequireReader,
     State(state): State<RegistryState>,
 ) -> Result<Response, RegistryError> {
     let snapshot = state.store.list().await?;

@@ -11,7 +11,7 @@ use quiver_proto::v1 as pb;
 use quiver_proto::v1::mcp_session_service_server::McpSessionService;
 use tonic::{Request, Response, Status};
 
-use crate::auth::Role;
+use crate::auth::Need;
 use crate::error::RegistryError;
 use crate::grpc::GrpcService;
 use crate::state::RegistryState;
@@ -60,7 +60,7 @@ impl McpSessionService for GrpcSessionService {
         &self,
         request: Request<pb::RevokeSessionRequest>,
     ) -> Result<Response<pb::RevokeSessionResponse>, Status> {
-        self.inner.role(&request, Role::Worker)?;
+        self.inner.role(&request, Need::Worker)?;
         let body = request.into_inner();
         check_digest(&body.session_sha256)?;
         let now = Utc::now().timestamp_millis();
@@ -85,7 +85,7 @@ impl McpSessionService for GrpcSessionService {
         &self,
         request: Request<pb::IsSessionRevokedRequest>,
     ) -> Result<Response<pb::IsSessionRevokedResponse>, Status> {
-        self.inner.role(&request, Role::Worker)?;
+        self.inner.role(&request, Need::Worker)?;
         let digest = &request.get_ref().session_sha256;
         check_digest(digest)?;
         let until = self

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, Role};
 use crate::error::RegistryError;
 use crate::feed::ChangeFeed;
 use crate::oauth::broker::OAuthBroker;
@@ -370,13 +370,18 @@ impl RegistryState {
     /// by the value the stored record with its id holds
     /// ([`McpServerSpec::restore_masked`]); reads nothing when there is no
     /// masked value.
+    ///
+    /// Only the admin reads secrets, so only the admin may keep one while
+    /// changing where it goes: for any other role the record must keep the
+    /// stored one's destination ([`keep_masked`]).
     pub async fn restore_masked(
         &self,
         mut spec: McpServerSpec,
+        role: Role,
     ) -> Result<McpServerSpec, RegistryError> {
         if spec.has_masked_values() {
             let stored = self.store.get(&spec.server_id).await?;
-            spec.restore_masked(stored.as_ref().map(|s| &s.spec))?;
+            keep_masked(&mut spec, stored.as_ref().map(|s| &s.spec), role)?;
         }
         Ok(spec)
     }
@@ -393,6 +398,7 @@ impl RegistryState {
     pub async fn upsert_keeping_masked(
         &self,
         request: UpsertRequest,
+        role: Role,
     ) -> Result<UpsertOutcome, RegistryError> {
         if !request.spec.has_masked_values() {
             return self.upsert(request).await;
@@ -411,7 +417,7 @@ impl RegistryState {
                 });
             }
             let mut spec = request.spec.clone();
-            spec.restore_masked(stored.as_ref().map(|s| &s.spec))?;
+            keep_masked(&mut spec, stored.as_ref().map(|s| &s.spec), role)?;
             let written = self
                 .upsert(UpsertRequest {
                     spec,
@@ -616,6 +622,31 @@ fn audit_upsert(outcome: &UpsertOutcome, batch: bool) {
         batch,
         "registry change"
     );
+}
+
+/// Restores the masked values of `spec` from `stored`
+/// ([`McpServerSpec::restore_masked`]). A role other than admin, which
+/// never reads the secrets, may keep them only while they go where they
+/// went ([`McpServerSpec::same_destination`]): otherwise an editor could
+/// point a record at a server of its own and have the stored header or
+/// environment value sent there.
+pub fn keep_masked(
+    spec: &mut McpServerSpec,
+    stored: Option<&McpServerSpec>,
+    role: Role,
+) -> Result<(), RegistryError> {
+    spec.restore_masked(stored)?;
+    if role != Role::Admin
+        && let Some(stored) = stored
+        && !spec.same_destination(stored)
+    {
+        return Err(RegistryError::PermissionDenied(format!(
+            "{}: a masked value keeps a stored secret, which only the admin may send to another destination (transport, stdio command, args and cwd, or HTTP origin); the {} token must enter the values again",
+            spec.server_id,
+            role.as_str()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

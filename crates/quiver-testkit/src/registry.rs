@@ -42,7 +42,7 @@ pub fn test_options() -> RegistryOptions {
         auth: AuthConfig {
             admin_token: Some(ADMIN_TOKEN.into()),
             worker_token: Some(WORKER_TOKEN.into()),
-            insecure_no_auth: false,
+            ..AuthConfig::default()
         },
         mcp_dir: None,
         rescan_interval: None,

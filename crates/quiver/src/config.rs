@@ -28,6 +28,10 @@ pub struct RegistryFile {
     pub admin_token: Option<String>,
     /// Worker (read-only) token.
     pub worker_token: Option<String>,
+    /// Editor token (reads; writes MCP server records).
+    pub editor_token: Option<String>,
+    /// Viewer token (reads only).
+    pub viewer_token: Option<String>,
     /// Approver token (reads and decides approvals only).
     pub approver_token: Option<String>,
     /// Lifetime of an approval in seconds (decision and use).

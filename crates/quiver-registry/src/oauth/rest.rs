@@ -1,17 +1,17 @@
-//! The OAuth connections over REST (admin token): `GET
-//! /admin/api/oauth/connections`, `GET|PUT|DELETE
-//! /admin/api/oauth/connections/{name}`, `POST
-//! /admin/api/oauth/connections/{name}/connect`; and the browser's way back
+//! The OAuth connections over REST: `GET /admin/api/oauth/connections` and
+//! `GET /admin/api/oauth/connections/{name}` (status, never a secret: the
+//! viewer, editor and admin roles), `PUT|DELETE
+//! /admin/api/oauth/connections/{name}` and `POST
+//! /admin/api/oauth/connections/{name}/connect` (admin only); and the browser's way back
 //! from the authorization server, `GET /admin/oauth/callback`, which needs no
 //! token: it carries the flow's one-time `state` instead, and completes only
 //! in the browser that pressed Connect (the flow's cookie, set by Connect).
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::header;
-use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
@@ -19,7 +19,7 @@ use serde_json::json;
 use super::broker::{CallbackParams, ConnectOutcome};
 use super::spec::OAuthConnectionSpec;
 use crate::error::RegistryError;
-use crate::rest::Caller;
+use crate::rest::{Caller, RequireAdmin, RequireViewer};
 use crate::state::RegistryState;
 
 /// The admin API routes, below `/admin/api`.
@@ -33,29 +33,16 @@ pub fn router() -> Router<RegistryState> {
         .route("/oauth/connections/{name}/connect", post(connect))
 }
 
-/// The admin, by name: every route here needs the admin token.
-struct Admin(String);
-
-impl FromRequestParts<RegistryState> for Admin {
-    type Rejection = RegistryError;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &RegistryState,
-    ) -> Result<Self, Self::Rejection> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        caller.require_admin()?;
-        Ok(Admin(caller.actor))
-    }
-}
-
-async fn list(_: Admin, State(state): State<RegistryState>) -> Result<Response, RegistryError> {
+async fn list(
+    _: RequireViewer,
+    State(state): State<RegistryState>,
+) -> Result<Response, RegistryError> {
     let connections = state.oauth.list().await?;
     Ok(axum::Json(json!({ "connections": connections })).into_response())
 }
 
 async fn show(
-    _: Admin,
+    _: RequireViewer,
     State(state): State<RegistryState>,
     Path(name): Path<String>,
 ) -> Result<Response, RegistryError> {
@@ -63,7 +50,7 @@ async fn show(
 }
 
 async fn put(
-    Admin(actor): Admin,
+    RequireAdmin(Caller { actor, .. }): RequireAdmin,
     State(state): State<RegistryState>,
     Path(name): Path<String>,
     body: Bytes,
@@ -73,7 +60,7 @@ async fn put(
 }
 
 async fn delete(
-    Admin(actor): Admin,
+    RequireAdmin(Caller { actor, .. }): RequireAdmin,
     State(state): State<RegistryState>,
     Path(name): Path<String>,
 ) -> Result<Response, RegistryError> {
@@ -82,7 +69,7 @@ async fn delete(
 }
 
 async fn connect(
-    Admin(actor): Admin,
+    RequireAdmin(Caller { actor, .. }): RequireAdmin,
     State(state): State<RegistryState>,
     Path(name): Path<String>,
 ) -> Result<Response, RegistryError> {

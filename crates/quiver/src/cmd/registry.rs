@@ -60,6 +60,22 @@ pub struct RegistryArgs {
     /// File holding the worker token (trimmed).
     #[arg(long, env = "QUIVER_WORKER_TOKEN_FILE")]
     pub worker_token_file: Option<PathBuf>,
+    /// Editor token: reads, and writes MCP server records (not OAuth
+    /// connections, not approvals); prefer QUIVER_EDITOR_TOKEN or
+    /// --editor-token-file.
+    #[arg(long, env = "QUIVER_EDITOR_TOKEN", hide_env_values = true)]
+    pub editor_token: Option<String>,
+    /// File holding the editor token (trimmed).
+    #[arg(long, env = "QUIVER_EDITOR_TOKEN_FILE")]
+    pub editor_token_file: Option<PathBuf>,
+    /// Viewer token: reads only (records masked, history, audit, workers,
+    /// approvals, OAuth connection status); prefer QUIVER_VIEWER_TOKEN or
+    /// --viewer-token-file.
+    #[arg(long, env = "QUIVER_VIEWER_TOKEN", hide_env_values = true)]
+    pub viewer_token: Option<String>,
+    /// File holding the viewer token (trimmed).
+    #[arg(long, env = "QUIVER_VIEWER_TOKEN_FILE")]
+    pub viewer_token_file: Option<PathBuf>,
     /// Approver token: may only read and decide approvals (REST and web
     /// admin); prefer QUIVER_APPROVER_TOKEN or --approver-token-file.
     #[arg(long, env = "QUIVER_APPROVER_TOKEN", hide_env_values = true)]
@@ -168,6 +184,18 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         args.worker_token_file.as_deref(),
         "--worker-token-file",
     )?;
+    let editor_token = config::token_or_file(
+        args.editor_token,
+        "--editor-token",
+        args.editor_token_file.as_deref(),
+        "--editor-token-file",
+    )?;
+    let viewer_token = config::token_or_file(
+        args.viewer_token,
+        "--viewer-token",
+        args.viewer_token_file.as_deref(),
+        "--viewer-token-file",
+    )?;
     let approver_token = config::token_or_file(
         args.approver_token,
         "--approver-token",
@@ -196,6 +224,8 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
         auth: AuthConfig {
             admin_token: admin_token.or(file.admin_token),
             worker_token: worker_token.or(file.worker_token),
+            editor_token: editor_token.or(file.editor_token),
+            viewer_token: viewer_token.or(file.viewer_token),
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         },
         mcp_dir: mcp_dir.map(|path| McpDir {
