@@ -19,8 +19,13 @@ impl TokenDigest {
 
     /// Whether `presented` is the token, in constant time.
     pub fn matches(&self, presented: &str) -> bool {
-        let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        bool::from(self.0.ct_eq(&presented))
+        self.matches_digest(&TokenDigest::of(presented))
+    }
+
+    /// Whether `presented` is the digest of the token, in constant time: a
+    /// token checked against many digests is hashed once.
+    pub fn matches_digest(&self, presented: &TokenDigest) -> bool {
+        bool::from(self.0.ct_eq(&presented.0))
     }
 }
 

@@ -176,8 +176,12 @@ impl Authenticator {
             return Ok(Role::Admin);
         }
         let token = bearer(authorization).ok_or(RegistryError::Unauthenticated)?;
-        let matches =
-            |expected: &Option<TokenDigest>| expected.as_ref().is_some_and(|d| d.matches(token));
+        let presented = TokenDigest::of(token);
+        let matches = |expected: &Option<TokenDigest>| {
+            expected
+                .as_ref()
+                .is_some_and(|d| d.matches_digest(&presented))
+        };
         // Every digest is compared (no early exit on a match).
         let found = [
             (matches(&self.admin), Role::Admin),

@@ -361,10 +361,12 @@ impl Callers {
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Authenticated, Refusal> {
         let token = bearer(authorization);
         if let Some(token) = token {
+            // Hashed once, whatever the number of configured tokens.
+            let presented = TokenDigest::of(token);
             if let Some((_, id, task)) = self
                 .tokens
                 .iter()
-                .find(|(digest, _, _)| digest.matches(token))
+                .find(|(digest, _, _)| digest.matches_digest(&presented))
             {
                 return Ok(Authenticated {
                     task: task.clone(),

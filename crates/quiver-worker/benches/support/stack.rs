@@ -40,10 +40,29 @@ pub struct Stack {
 
 impl Stack {
     /// Stores `specs`, starts both, and returns once every record is in the
-    /// worker's snapshot and its tools are listed (cached).
+    /// worker's snapshot and its tools are listed (cached). Its one caller
+    /// is [`CALLER_TOKEN`] (task `default`).
+    #[allow(dead_code)] // the auth benchmark configures its callers itself
     pub async fn start(
         specs: Vec<McpServerSpec>,
         upstream: Option<UpstreamOptions>,
+    ) -> BenchResult<Stack> {
+        let callers = CallersConfig {
+            callers: vec![CallerToken {
+                token: CALLER_TOKEN.into(),
+                task: "default".into(),
+            }],
+            ..CallersConfig::default()
+        };
+        Self::start_with_callers(specs, upstream, callers).await
+    }
+
+    /// [`Stack::start`] with a worker whose callers are `callers` (the auth
+    /// benchmark: identity providers, `insecure_no_auth`).
+    pub async fn start_with_callers(
+        specs: Vec<McpServerSpec>,
+        upstream: Option<UpstreamOptions>,
+        callers: CallersConfig,
     ) -> BenchResult<Stack> {
         let registry = InProcessRegistry::sqlite(|_| {}).await;
         let ids: Vec<String> = specs.iter().map(|s| s.server_id.clone()).collect();
@@ -68,13 +87,7 @@ impl Stack {
                     worker_id: "bench".into(),
                     ..SyncOptions::default()
                 },
-                callers: CallersConfig {
-                    callers: vec![CallerToken {
-                        token: CALLER_TOKEN.into(),
-                        task: "default".into(),
-                    }],
-                    ..CallersConfig::default()
-                },
+                callers,
                 warm_up: ids.clone(),
                 shutdown_grace: Duration::from_secs(1),
                 upstream,
