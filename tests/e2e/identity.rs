@@ -13,65 +13,36 @@
 //! exactly one JWKS refetch, and a flood of unknown key ids does not hammer
 //! the issuer; static caller tokens keep working; no token is ever logged.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 use crate::harness::{
     Admin, CALLER, LOG_TAIL, RegistryProcess, WORKER, WorkerProcess, injected, registry, sqlite,
-    stdio_record, testkit_bin,
+    stdio_record,
 };
+use crate::oauth::OAuthServer;
 
 /// A `quiver-testkit-oauth` process: the identity provider.
 struct Issuer {
-    child: Child,
-    /// The issuer (its base URL).
-    base: String,
-    http: reqwest::Client,
+    server: OAuthServer,
 }
 
 impl Issuer {
     async fn start() -> Issuer {
-        let mut child = Command::new(testkit_bin("quiver-testkit-oauth"))
-            .args(["--listen", "127.0.0.1:0"])
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn quiver-testkit-oauth");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        tokio::time::timeout(
-            Duration::from_secs(20),
-            BufReader::new(stdout).read_line(&mut line),
-        )
-        .await
-        .expect("quiver-testkit-oauth: no listening line within 20 s")
-        .expect("read the listening line");
-        let value: Value = serde_json::from_str(&line)
-            .unwrap_or_else(|err| panic!("bad listening line {line:?}: {err}"));
         Issuer {
-            child,
-            base: value["listening"].as_str().expect("listening").to_owned(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("http client"),
+            server: OAuthServer::start(&[]).await,
         }
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
         let response = self
+            .server
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{}{path}", self.server.base))
             .json(&body)
             .send()
             .await
@@ -103,27 +74,13 @@ impl Issuer {
 
     /// `jwks_fetches` of `GET /admin/stats`.
     async fn jwks_fetches(&self) -> u64 {
-        let stats: Value = self
-            .http
-            .get(format!("{}/admin/stats", self.base))
-            .send()
-            .await
-            .expect("GET /admin/stats")
-            .json()
-            .await
-            .expect("stats JSON");
+        let stats = self.server.stats().await;
         stats["jwks_fetches"].as_u64().expect("jwks_fetches")
     }
 
     /// `oidc:<issuer>#<sub>`.
     fn principal(&self, sub: &str) -> String {
-        format!("oidc:{}#{sub}", self.base)
-    }
-}
-
-impl Drop for Issuer {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
+        format!("oidc:{}#{sub}", self.server.base)
     }
 }
 
@@ -175,7 +132,7 @@ claim = "email"
 equals = "bob@example.com"
 task = "team-b"
 "#,
-                issuer = issuer.base
+                issuer = issuer.server.base
             ),
         )
         .expect("worker config");

@@ -30,16 +30,18 @@ use crate::harness::{
 
 const CONNECTION: &str = "tracker";
 
-/// A `quiver-testkit-oauth` process.
-struct OAuthServer {
+/// A `quiver-testkit-oauth` process (also the OIDC issuer of
+/// `crate::identity`).
+pub(crate) struct OAuthServer {
     child: Child,
-    base: String,
+    /// Its base URL (the issuer).
+    pub(crate) base: String,
     mcp: String,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
 }
 
 impl OAuthServer {
-    async fn start(args: &[&str]) -> OAuthServer {
+    pub(crate) async fn start(args: &[&str]) -> OAuthServer {
         let mut child = Command::new(testkit_bin("quiver-testkit-oauth"))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
@@ -72,7 +74,7 @@ impl OAuthServer {
         }
     }
 
-    async fn stats(&self) -> Value {
+    pub(crate) async fn stats(&self) -> Value {
         self.http
             .get(format!("{}/admin/stats", self.base))
             .send()
