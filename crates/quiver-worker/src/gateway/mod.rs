@@ -148,14 +148,6 @@ struct Inner {
     options: GatewayOptions,
 }
 
-/// Who a request is for and where it goes, as the HTTP edge found it.
-pub struct Routed {
-    /// The caller's task etc.
-    pub request: GatewayRequest,
-    /// Digest of the caller's credential (session binding).
-    pub caller_key: String,
-}
-
 /// The part of a JSON-RPC message the gateway looks at, read in one pass
 /// without building the message (rmcp parses it after).
 #[derive(Deserialize)]
@@ -367,15 +359,22 @@ impl Gateway {
     }
 
     /// Serves one HTTP request of an authenticated caller.
-    pub async fn handle(&self, routed: Routed, request: Request<Body>) -> Response {
+    pub async fn handle(
+        &self,
+        mut request_info: GatewayRequest,
+        request: Request<Body>,
+    ) -> Response {
         let method = request.method().clone();
         let (mut parts, body) = request.into_parts();
-        let endpoint = routed.request.scope.endpoint();
+        let endpoint = request_info.scope.endpoint();
+        // A session is bound to its caller's principal: a configured token's
+        // id, or an identity provider's `oidc:<issuer>#<sub>` (whose tokens
+        // are refreshed during a session).
+        let caller = request_info.caller.principal();
         let binding = Binding {
-            caller: &routed.caller_key,
+            caller: &caller,
             endpoint: &endpoint,
         };
-        let mut request_info = routed.request;
         // Whether the request resumes a session this worker does not hold.
         let mut resumes = false;
         // A presented session must be signed for this caller and endpoint,
@@ -444,7 +443,7 @@ impl Gateway {
         let _admission = if initialize || resumes {
             let options = &self.inner.options;
             match self.inner.shared.sessions.admit(
-                &routed.caller_key,
+                &caller,
                 options.max_sessions,
                 options.per_caller_cap(),
             ) {
@@ -470,9 +469,7 @@ impl Gateway {
         } else {
             None
         };
-        parts
-            .extensions
-            .insert(SessionCaller(routed.caller_key.clone()));
+        parts.extensions.insert(SessionCaller(caller.clone()));
         parts.extensions.insert(request_info);
         let response = self
             .inner

@@ -4,7 +4,8 @@
 //! Behind a round-robin load balancer the next request of a session lands on
 //! another worker, which has never seen it. So the id the client gets is the
 //! session's own id with a signature over what the session is bound to: the
-//! caller (a digest of its bearer token), the endpoint it was opened on, and
+//! caller (its principal: a digest of its bearer token, or its identity
+//! provider's subject), the endpoint it was opened on, and
 //! the protocol version it asked for. A worker that receives a session it
 //! does not hold verifies the signature and re-creates the session from
 //! what the id carries (see `super::store`); an id that is not signed by
@@ -31,7 +32,7 @@ pub const MAX_SESSION_ID_LEN: usize = 256;
 /// What a session is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding<'a> {
-    /// Digest of the caller's credential ([`caller_key`]).
+    /// The caller's principal (`crate::auth::CallerId::principal`).
     pub caller: &'a str,
     /// The endpoint the session was opened on (`/mcp?server_ids=…` or
     /// `/mcp/<server_id>`), normalized.
@@ -88,25 +89,6 @@ impl std::fmt::Debug for SessionSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SessionSigner(..)")
     }
-}
-
-/// A stable digest of a caller's bearer token (or `anonymous`), so a session
-/// id can be bound to it without holding the token.
-pub fn caller_key(token: Option<&str>) -> String {
-    match token {
-        Some(token) => URL_SAFE_NO_PAD.encode(&Sha256::digest(token.as_bytes())[..16]),
-        None => "anonymous".to_owned(),
-    }
-}
-
-/// The session key of an identity provider's caller: a digest of its
-/// principal (apart from any token's: another prefix is hashed), so the
-/// session survives the caller refreshing its token.
-pub fn principal_key(principal: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(b"quiver session principal\0");
-    hasher.update(principal.as_bytes());
-    URL_SAFE_NO_PAD.encode(&hasher.finalize()[..16])
 }
 
 impl SessionSigner {

@@ -13,13 +13,9 @@ use axum::response::{IntoResponse, Response};
 use quiver_mcp::ErrorCode;
 use serde_json::json;
 
-use quiver_model::token::bearer;
-
 use crate::error::ErrorObject;
-use crate::gateway::Routed;
 use crate::gateway::scope::Scope;
 use crate::gateway::server::GatewayRequest;
-use crate::gateway::session_id::{caller_key, principal_key};
 use crate::http::error::ApiError;
 use crate::http::extract::{self, RequestId};
 use crate::http::state::ApiState;
@@ -98,27 +94,16 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
             return response;
         }
     };
-    // A session is bound to its caller: the token's digest for a configured
-    // token, the principal's for an identity provider's caller (whose
-    // tokens are refreshed during a session).
-    let caller_key = if caller.id.is_oidc() {
-        principal_key(&caller.id.principal())
-    } else {
-        caller_key(bearer(authorization))
-    };
-    let routed = Routed {
-        caller_key,
-        request: GatewayRequest {
-            task: caller.task,
-            caller: caller.id,
-            scope,
-            request_id: RequestId::of(request.headers()),
-            session_id: None,
-        },
+    let gateway_request = GatewayRequest {
+        task: caller.task,
+        caller: caller.id,
+        scope,
+        request_id: RequestId::of(request.headers()),
+        session_id: None,
     };
     let (parts, body) = request.into_parts();
     state
         .gateway
-        .handle(routed, Request::from_parts(parts, Body::new(body)))
+        .handle(gateway_request, Request::from_parts(parts, Body::new(body)))
         .await
 }
