@@ -622,13 +622,23 @@ impl WorkerProcess {
         WorkerProcess::spawn(
             registry_url,
             worker_token,
-            caller_token,
+            Some(caller_token),
             args,
             env,
             None,
             None,
         )
         .await
+    }
+
+    /// Like [`WorkerProcess::start`] without any caller token: its callers
+    /// are the registry's (API keys, identity providers).
+    pub async fn start_without_callers<S: AsRef<str>>(
+        registry_url: &str,
+        worker_token: &str,
+        args: &[S],
+    ) -> WorkerProcess {
+        WorkerProcess::spawn(registry_url, worker_token, None, args, &[], None, None).await
     }
 
     /// Like [`WorkerProcess::start`], in the network namespace `netns`,
@@ -644,7 +654,7 @@ impl WorkerProcess {
         WorkerProcess::spawn(
             registry_url,
             worker_token,
-            caller_token,
+            Some(caller_token),
             args,
             &[],
             None,
@@ -666,7 +676,7 @@ impl WorkerProcess {
         WorkerProcess::spawn(
             registry_url,
             worker_token,
-            caller_token,
+            Some(caller_token),
             args,
             &[],
             Some(ca_pem),
@@ -678,7 +688,7 @@ impl WorkerProcess {
     async fn spawn<S: AsRef<str>>(
         registry_url: &str,
         worker_token: &str,
-        caller_token: &str,
+        caller_token: Option<&str>,
         args: &[S],
         env: &[(&str, &str)],
         ca_pem: Option<&[u8]>,
@@ -697,13 +707,14 @@ impl WorkerProcess {
             registry_url,
             "--token",
             worker_token,
-            "--caller-token",
-            caller_token,
             "--http-listen",
             &listen,
             "--log-format",
             "json",
         ]);
+        if let Some(caller_token) = caller_token {
+            command.args(["--caller-token", caller_token]);
+        }
         command.args(&args);
         let description = format!("--registry {registry_url} {}", args.join(" "));
         let (process, http) =
@@ -721,7 +732,7 @@ impl WorkerProcess {
         let worker = WorkerProcess {
             process,
             url,
-            caller_token: caller_token.to_owned(),
+            caller_token: caller_token.unwrap_or_default().to_owned(),
             client: client.build().expect("http client"),
         };
         let started = Instant::now();

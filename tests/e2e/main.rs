@@ -6,6 +6,7 @@
 //! database from `quiver_testkit` (dropped afterwards) or a SQLite file in a
 //! temporary directory. Nothing depends on state left by other tests or runs.
 
+mod access;
 mod approvals;
 mod artifacts;
 mod auth;

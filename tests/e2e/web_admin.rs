@@ -9,6 +9,10 @@
 //! worker status, import and rescan, delete, read-only view) and saves
 //! screenshots under `target/web-admin-screenshots/`.
 //!
+//! A second test (`tests/web/signin.spec.mjs`) signs people in with the
+//! organisation's identity provider — a `quiver-testkit-oauth` issuer — and
+//! drives the Access page's lists and explanations (issue #22).
+//!
 //! Chromium (`QUIVER_TEST_CHROMIUM`, default `/usr/bin/chromium`) and the
 //! pinned playwright-core (`QUIVER_TEST_NODE_MODULES`, default
 //! `tests/web/node_modules`) are installed by `scripts/test.sh`. Without
@@ -19,11 +23,15 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::harness::{RegistryProcess, WorkerProcess, testkit_mcp_bin};
+use crate::harness::{
+    Admin, RegistryProcess, WorkerProcess, registry, sqlite, stdio_record, testkit_mcp_bin,
+};
+use crate::oauth::OAuthServer;
 use crate::worker::{ADMIN, WORKER};
 
 const CALLER: &str = "e2e-web-caller-token";
@@ -381,4 +389,117 @@ async fn web_admin_in_chromium() {
             "screenshot {name}.png"
         );
     }
+}
+
+/// The identity provider's name in the registry, and the public client the
+/// web admin signs people in with.
+const PROVIDER: &str = "corp";
+const WEB_CLIENT: &str = "quiver-web";
+/// The policy viewers and the API key get.
+const POLICY: &str = "team-a";
+
+/// Sends `body` as JSON (with `token` as bearer, if any); panics unless the
+/// answer is a success. The answer's JSON (`null` when empty).
+async fn send_json(method: Method, url: &str, token: Option<&str>, body: Value) -> Value {
+    let mut request = reqwest::Client::new()
+        .request(method.clone(), url)
+        .json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|err| panic!("{method} {url}: {err}"));
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    assert!(
+        status.is_success(),
+        "{method} {url} {body}: {status} {text}"
+    );
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// People sign in with the organisation's identity provider, and the Access
+/// page explains who may call (issue #22), in Chromium: a
+/// `quiver-testkit-oauth` issuer whose public client [`WEB_CLIENT`] comes
+/// back to the registry's sign-in callback; a registry (SQLite) trusting it
+/// as [`PROVIDER`], whose rules give `admins` the admin role and `viewers`
+/// the viewer role and [`POLICY`]; that policy (server `alpha` only, minus
+/// `alpha.add`), servers `alpha` and `beta`, and an API key naming the
+/// policy. The script picks who signs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_admin_signin_and_access_in_chromium() {
+    let issuer = OAuthServer::start(&[]).await;
+    let (_dir, db_url) = sqlite();
+    let registry = registry(&db_url, None).await;
+    let base = registry.http_url();
+    let admin = Admin::new(&registry, ADMIN);
+    admin.upsert(stdio_record("alpha", &["echo", "add"])).await;
+    admin.upsert(stdio_record("beta", &["echo"])).await;
+
+    send_json(
+        Method::POST,
+        &format!("{}/admin/clients", issuer.base),
+        None,
+        json!({"client_id": WEB_CLIENT, "redirect_uris": [format!("{base}/admin/signin/callback")]}),
+    )
+    .await;
+    send_json(
+        Method::PUT,
+        &format!("{base}/admin/api/policies/{POLICY}"),
+        Some(ADMIN),
+        json!({"allowed_server_ids": ["alpha"], "tool_denylist": ["alpha.add"]}),
+    )
+    .await;
+    send_json(
+        Method::PUT,
+        &format!("{base}/admin/api/identity/providers/{PROVIDER}"),
+        Some(ADMIN),
+        json!({
+            "issuer": issuer.base,
+            "audiences": [WEB_CLIENT],
+            "web_client_id": WEB_CLIENT,
+            "rules": [
+                {"claim": "groups", "contains": "admins", "roles": ["admin"]},
+                {"claim": "groups", "contains": "viewers", "roles": ["viewer"], "policy": POLICY},
+            ],
+        }),
+    )
+    .await;
+    let key = send_json(
+        Method::POST,
+        &format!("{base}/admin/api/keys"),
+        Some(ADMIN),
+        json!({"name": "ci", "policy": POLICY}),
+    )
+    .await;
+    let key_id = key["id"].as_str().expect("key id").to_owned();
+    let key_secret = key["key"].as_str().expect("key secret").to_owned();
+
+    // The sign-in page lists the provider without any credential.
+    let providers: Value = reqwest::get(format!("{base}/admin/signin/providers"))
+        .await
+        .expect("GET /admin/signin/providers")
+        .json()
+        .await
+        .expect("providers JSON");
+    assert_eq!(providers, json!({"providers": [{"name": PROVIDER}]}));
+
+    run_browser_script(
+        "signin.spec.mjs",
+        &[
+            ("QUIVER_REGISTRY_URL", base.clone()),
+            ("QUIVER_ISSUER_URL", issuer.base.clone()),
+            ("QUIVER_PROVIDER", PROVIDER.to_owned()),
+            ("QUIVER_POLICY", POLICY.to_owned()),
+            ("QUIVER_KEY_ID", key_id),
+            ("QUIVER_KEY_SECRET", key_secret.clone()),
+        ],
+    )
+    .await;
+    assert!(
+        !registry.log_tail().contains(&key_secret),
+        "the key secret is in the registry's log"
+    );
 }

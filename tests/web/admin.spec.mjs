@@ -6,28 +6,15 @@
 //   node tests/web/admin.spec.mjs
 //
 // with the environment below. Prints one line per step; exits non-zero on the
-// first failure (after a screenshot `failure.png` and the page's console).
+// first failure (after a screenshot `web-failure.png` and the page's console).
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 
-// playwright-core from QUIVER_TEST_NODE_MODULES (scripts/test.sh), else the
-// node_modules next to this file.
-const here = path.dirname(fileURLToPath(import.meta.url));
-const modules = process.env.QUIVER_TEST_NODE_MODULES || path.join(here, 'node_modules');
-const { chromium } = createRequire(path.join(path.dirname(modules), 'package.json'))('playwright-core');
+import { need as needOf, tid, until, expectText, expectCount, expectHidden, run } from './browser.mjs';
 
-function need(name) {
-  const value = process.env[name];
-  if (!value) {
-    console.error(`admin.spec.mjs: ${name} is not set (run it through tests/e2e/web_admin.rs)`);
-    process.exit(2);
-  }
-  return value;
-}
+const need = (name) => needOf('admin.spec.mjs', name);
 
 const REGISTRY = need('QUIVER_REGISTRY_URL').replace(/\/$/, ''); // http://127.0.0.1:PORT
 const ADMIN = need('QUIVER_ADMIN_TOKEN');
@@ -40,7 +27,6 @@ const CALLER = need('QUIVER_CALLER_TOKEN');
 const MCP_BIN = need('QUIVER_MCP_BIN');
 const MCP_DIR = need('QUIVER_MCP_DIR');
 const SHOTS = need('QUIVER_SCREENSHOT_DIR');
-const CHROMIUM = process.env.QUIVER_TEST_CHROMIUM || '/usr/bin/chromium';
 
 const ADMIN_URL = `${REGISTRY}/admin/`;
 const MASK = '********';
@@ -48,11 +34,6 @@ const SECRET = 'sk-live-web-e2e-secret';
 /** The test MCP server's 60-character tool name (crates/quiver-testkit/src/mcp_server.rs). */
 const LONG_TOOL = `long_${'x'.repeat(55)}`;
 const ID = 'web-e2e';
-
-const started = Date.now();
-const elapsed = () => `${((Date.now() - started) / 1000).toFixed(1)}s`;
-const log = (line) => console.log(`[web ${elapsed()}] ${line}`);
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** `mcp__<b64url(server_id)>__<b64url(tool)>`, computed independently of the product. */
 function injected(serverId, tool) {
@@ -89,68 +70,8 @@ function content(record) {
   return copy;
 }
 
-/** Polls `probe` until it returns a truthy value. */
-async function until(what, probe, timeout = 10000) {
-  const start = Date.now();
-  let last = null;
-  for (;;) {
-    try {
-      const value = await probe();
-      if (value) return value;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() - start > timeout) {
-      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? `: ${last.message}` : ''}`);
-    }
-    await sleep(100);
-  }
-}
-
-const tid = (id) => `[data-testid="${id}"]`;
-
 let page;
 let context;
-const problems = [];
-const external = [];
-
-async function shot(name, { fullPage = true } = {}) {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  // Sticky bars would be painted mid-page in a full-page screenshot, and
-  // toasts of earlier steps only clutter it.
-  await page.evaluate((full) => {
-    if (full) document.querySelectorAll('.topbar, .form-footer').forEach((el) => { el.style.position = 'static'; });
-    document.querySelectorAll('.toasts').forEach((el) => { el.style.visibility = 'hidden'; });
-  }, fullPage);
-  await page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage });
-  await page.evaluate(() => {
-    document.querySelectorAll('.topbar, .form-footer').forEach((el) => { el.style.position = ''; });
-    document.querySelectorAll('.toasts').forEach((el) => { el.style.visibility = ''; });
-  });
-}
-
-async function step(name, fn) {
-  const t = Date.now();
-  log(`▶ ${name}`);
-  await fn();
-  log(`✓ ${name} (${Date.now() - t} ms)`);
-}
-
-/** Text of a locator once it contains `text`. */
-async function expectText(locator, text, timeout = 10000) {
-  return until(`${locator} to contain ${JSON.stringify(text)}`, async () => {
-    const got = await locator.first().textContent({ timeout: 500 });
-    return got?.includes(text) ? got : null;
-  }, timeout);
-}
-
-async function expectCount(locator, n, timeout = 10000) {
-  await until(`${locator} count ${n}`, async () => (await locator.count()) === n, timeout);
-}
-
-async function expectHidden(locator, timeout = 10000) {
-  await until(`${locator} to be absent`, async () => (await locator.count()) === 0, timeout);
-}
 
 /** Adds a row to a list editor (`path`) and types `value` into it. */
 async function addItem(pathName, value) {
@@ -187,45 +108,7 @@ async function previewRow(tool) {
   return r;
 }
 
-async function main() {
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-dev-shm-usage', '--no-proxy-server'],
-  });
-  try {
-    context = await browser.newContext({ viewport: { width: 1360, height: 900 }, deviceScaleFactor: 1 });
-    // Nothing may leave the machine: no CDN, no fonts, no telemetry.
-    await context.route('**/*', (route) => {
-      const host = new URL(route.request().url()).hostname;
-      if (host === '127.0.0.1' || host === 'localhost') return route.continue();
-      external.push(route.request().url());
-      return route.abort();
-    });
-    page = await context.newPage();
-    page.setDefaultTimeout(10000);
-    page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-    page.on('console', (msg) => {
-      // Refused API calls (400/409/401) are logged by Chromium as failed
-      // resource loads; they are part of the scenarios.
-      if (msg.type() === 'error' && !msg.text().startsWith('Failed to load resource')) problems.push(`console: ${msg.text()}`);
-    });
-    await scenarios();
-    assert.deepEqual(problems, [], 'the page logged errors');
-    assert.deepEqual(external, [], 'the page tried to reach other hosts');
-  } catch (err) {
-    try {
-      await page?.screenshot({ path: path.join(SHOTS, 'failure.png'), fullPage: true });
-      log(`failure screenshot: ${path.join(SHOTS, 'failure.png')} (at ${page?.url()})`);
-    } catch { /* the page may be gone */ }
-    if (problems.length) log(`page problems:\n  ${problems.join('\n  ')}`);
-    throw err;
-  } finally {
-    await browser.close();
-  }
-}
-
-async function scenarios() {
+async function scenarios({ step, shot }) {
   let created;
 
   await step('sign in: a wrong token is refused, the admin token opens an empty registry', async () => {
@@ -241,6 +124,9 @@ async function scenarios() {
     await page.locator(tid('empty-state')).waitFor();
     assert.equal(await page.evaluate(() => sessionStorage.getItem('quiver.admin.token')), ADMIN);
     assert.deepEqual((await context.cookies()).length, 0, 'no cookies');
+    // A configured token names no principal; no identity provider is set up.
+    assert.equal(await page.locator(tid('principal')).count(), 0);
+    await page.locator(tid('nav-access')).waitFor();
   });
 
   await step('create a stdio server with every kind of field; preview and live re-evaluation', async () => {
@@ -639,6 +525,9 @@ async function scenarios() {
     assert.ok(!full.includes(SECRET), 'history is masked for the worker token');
     await page.goto(`${ADMIN_URL}import`);
     await page.locator(tid('forbidden')).waitFor();
+    assert.equal(await page.locator(tid('nav-access')).count(), 0, 'the worker token reads no access records');
+    await page.goto(`${ADMIN_URL}access`);
+    await page.locator(tid('forbidden')).waitFor();
   });
 
   await step('the viewer token reads servers, approvals and OAuth status, and changes nothing', async () => {
@@ -662,6 +551,9 @@ async function scenarios() {
     await page.click(tid('nav-oauth'));
     await page.locator(tid('oauth-page')).waitFor();
     assert.equal(await page.locator(tid('oauth-save')).count(), 0, 'the viewer cannot change OAuth connections');
+    await page.click(tid('nav-access'));
+    await page.locator(tid('access-explain')).waitFor();
+    await page.locator(tid('policies-table-empty')).waitFor();
   });
 
   await step('the approver token sees the approvals page only', async () => {
@@ -672,14 +564,12 @@ async function scenarios() {
     await expectText(page.locator(tid('role-badge')), 'approver');
     await page.locator(tid('approvals-page')).waitFor();
     await expectHidden(page.locator(tid('nav-servers')));
+    assert.equal(await page.locator(tid('nav-access')).count(), 0);
     await page.locator(`${tid('approval-row')}[data-state="approved"]`).waitFor();
   });
 }
 
-main().then(
-  () => log(`all web admin scenarios passed; screenshots in ${SHOTS}`),
-  (err) => {
-    console.error(`[web ${elapsed()}] FAILED: ${err.stack ?? err}`);
-    process.exit(1);
-  },
-);
+await run('web', SHOTS, async (browser) => {
+  ({ page, context } = browser);
+  await scenarios(browser);
+});

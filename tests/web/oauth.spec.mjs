@@ -25,23 +25,13 @@
 // `oauth-failure.png` and the reason) on the first failure.
 
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const modules = process.env.QUIVER_TEST_NODE_MODULES || path.join(here, 'node_modules');
-const { chromium } = createRequire(path.join(path.dirname(modules), 'package.json'))('playwright-core');
+import { need as needOf, tid, until, fatal, run } from './browser.mjs';
 
-function need(name) {
-  const value = process.env[name];
-  if (!value) {
-    console.error(`oauth.spec.mjs: ${name} is not set (run it through tests/e2e, run_browser_script)`);
-    process.exit(2);
-  }
-  return value;
-}
+const here = path.dirname(fileURLToPath(import.meta.url));
+const need = (name) => needOf('oauth.spec.mjs', name);
 
 const REGISTRY = need('QUIVER_REGISTRY_URL').replace(/\/$/, '');
 const ADMIN = need('QUIVER_ADMIN_TOKEN');
@@ -49,7 +39,6 @@ const NAME = need('QUIVER_OAUTH_CONNECTION');
 const EXPECT = process.env.QUIVER_OAUTH_EXPECT || 'connected';
 const SHOTS = process.env.QUIVER_SCREENSHOTS || process.env.QUIVER_SCREENSHOT_DIR
   || path.join(here, '../../target/web-admin-screenshots/oauth');
-const CHROMIUM = process.env.QUIVER_TEST_CHROMIUM || '/usr/bin/chromium';
 const ADMIN_URL = `${REGISTRY}/admin/`;
 /** How long the round trip through the authorization server may take. */
 const CONNECT_TIMEOUT_MS = 30000;
@@ -61,58 +50,7 @@ if (!['connected', 'needs_reconsent'].includes(EXPECT)) {
   process.exit(2);
 }
 
-const started = Date.now();
-const elapsed = () => `${((Date.now() - started) / 1000).toFixed(1)}s`;
-const log = (line) => console.log(`[oauth ${elapsed()}] ${line}`);
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-const tid = (id) => `[data-testid="${id}"]`;
-
 let page;
-const problems = [];
-const external = [];
-
-/** Polls `probe` until it returns a truthy value; an error marked `fatal` ends the wait at once. */
-async function until(what, probe, timeout = 10000) {
-  const start = Date.now();
-  let last = null;
-  for (;;) {
-    try {
-      const value = await probe();
-      if (value) return value;
-    } catch (err) {
-      if (err.fatal) throw err;
-      last = err;
-    }
-    if (Date.now() - start > timeout) {
-      throw new Error(`timed out after ${timeout} ms waiting for ${what}${last ? ` (last: ${last.message})` : ''}; at ${page?.url()}`);
-    }
-    await sleep(100);
-  }
-}
-
-function fatal(message) {
-  const err = new Error(message);
-  err.fatal = true;
-  return err;
-}
-
-async function shot(name) {
-  fs.mkdirSync(SHOTS, { recursive: true });
-  await page.evaluate(() => {
-    document.querySelectorAll('.topbar').forEach((el) => { el.style.position = 'static'; });
-  });
-  await page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
-  await page.evaluate(() => {
-    document.querySelectorAll('.topbar').forEach((el) => { el.style.position = ''; });
-  });
-}
-
-async function step(name, fn) {
-  const t = Date.now();
-  log(`▶ ${name}`);
-  await fn();
-  log(`✓ ${name} (${Date.now() - t} ms)`);
-}
 
 const statusBadge = () => page.locator(tid(`oauth-status-${NAME}`));
 const connectButton = () => page.locator(tid(`oauth-connect-${NAME}`));
@@ -180,7 +118,7 @@ async function signInAndOpen() {
   });
 }
 
-async function scenarios() {
+async function scenarios({ step, shot }) {
   await step(`sign in and open the OAuth page: ${NAME} is listed`, signInAndOpen);
 
   if (EXPECT === 'needs_reconsent') {
@@ -222,52 +160,7 @@ async function scenarios() {
   });
 }
 
-async function main() {
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--disable-background-networking',
-      '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-dev-shm-usage', '--no-proxy-server'],
-  });
-  try {
-    const context = await browser.newContext({ viewport: { width: 1360, height: 900 }, deviceScaleFactor: 1 });
-    // Nothing may leave the machine: the registry and the test authorization
-    // server are both on loopback.
-    await context.route('**/*', (route) => {
-      const host = new URL(route.request().url()).hostname;
-      if (host === 'localhost' || host === '[::1]' || /^127\.\d+\.\d+\.\d+$/.test(host)) return route.continue();
-      external.push(route.request().url());
-      return route.abort();
-    });
-    page = await context.newPage();
-    page.setDefaultTimeout(10000);
-    page.on('pageerror', (err) => problems.push(`page error: ${err.message}`));
-    page.on('console', (msg) => {
-      // Only the registry's pages count (not the authorization server's);
-      // refused API calls are logged as failed resource loads.
-      if (msg.type() !== 'error' || msg.text().startsWith('Failed to load resource')) return;
-      if (!(msg.location()?.url ?? '').startsWith(REGISTRY)) return;
-      problems.push(`console: ${msg.text()}`);
-    });
-    await scenarios();
-    assert.deepEqual(problems, [], 'the page logged errors');
-    assert.deepEqual(external, [], 'the page tried to reach other hosts');
-  } catch (err) {
-    try {
-      fs.mkdirSync(SHOTS, { recursive: true });
-      await page?.screenshot({ path: path.join(SHOTS, 'oauth-failure.png'), fullPage: true });
-      log(`failure screenshot: ${path.join(SHOTS, 'oauth-failure.png')} (at ${page?.url()})`);
-    } catch { /* the page may be gone */ }
-    if (problems.length) log(`page problems:\n  ${problems.join('\n  ')}`);
-    throw err;
-  } finally {
-    await browser.close();
-  }
-}
-
-main().then(
-  () => log(`the OAuth page scenario (${EXPECT}) passed; screenshots in ${SHOTS}`),
-  (err) => {
-    console.error(`[oauth ${elapsed()}] FAILED: ${err.stack ?? err}`);
-    process.exit(1);
-  },
-);
+await run('oauth', SHOTS, async (browser) => {
+  ({ page } = browser);
+  await scenarios(browser);
+}, { origin: REGISTRY });

@@ -1,10 +1,17 @@
-// The registry's REST admin API (`/admin/api`), with the bearer token kept in
-// sessionStorage (this tab only, gone when it closes; never a cookie).
+// The registry's REST admin API (`/admin/api`). The credential is either a
+// bearer token kept in sessionStorage (this tab only, gone when it closes), or
+// the session cookie the registry sets when a person signs in with the
+// organisation's identity provider (HttpOnly: this page never sees it).
 
 /** URL path of the web admin, e.g. `/admin/` (this file is `/admin/js/api.js`). */
 export const BASE = new URL('../', import.meta.url).pathname;
 const API = `${BASE}api/`;
 const TOKEN_KEY = 'quiver.admin.token';
+/**
+ * Sent with every request: the registry refuses a write authenticated by the
+ * session cookie without it, and no cross-site form or link can add a header.
+ */
+const CSRF_HEADER = 'x-quiver-csrf';
 
 /** The stored token, or `null`. */
 export function getToken() {
@@ -50,16 +57,22 @@ export class ApiError extends Error {
 
 /**
  * Calls `METHOD /admin/api/<path>`. `body` is sent as JSON unless `text` is
- * given (sent as is with `contentType`); `cookies` lets the answer set
- * cookies (OAuth Connect). Resolves with the parsed JSON.
- * A 401 also fires `quiver:unauthenticated` on `window`.
+ * given (sent as is with `contentType`). Resolves with the parsed JSON.
+ * `token` overrides the stored token (`null`: none, the session cookie
+ * only); a 401 with the stored credential also fires
+ * `quiver:unauthenticated` on `window`.
  */
-export async function api(method, path, { query, body, text, contentType, token, cookies } = {}) {
+export function api(method, path, { query, ...options } = {}) {
   const url = new URL(API + path, location.origin);
   for (const [key, value] of Object.entries(query ?? {})) {
     if (value != null) url.searchParams.set(key, String(value));
   }
-  const headers = { Accept: 'application/json' };
+  return send(method, url, options);
+}
+
+/** One request to the registry (options as for `api`). */
+async function send(method, url, { body, text, contentType, token } = {}) {
+  const headers = { Accept: 'application/json', [CSRF_HEADER]: '1' };
   const credential = token === undefined ? getToken() : token;
   if (credential) headers.Authorization = `Bearer ${credential}`;
   let payload;
@@ -72,9 +85,10 @@ export async function api(method, path, { query, body, text, contentType, token,
   }
   let response;
   try {
-    // Cookies only where the registry binds a flow to this browser (OAuth
-    // Connect sets one the callback checks); the token is the credential.
-    response = await fetch(url, { method, headers, body: payload, cache: 'no-store', credentials: cookies ? 'same-origin' : 'omit' });
+    // Same-origin cookies: the session of a person signed in with the
+    // identity provider, and the one binding an OAuth Connect flow to this
+    // browser.
+    response = await fetch(url, { method, headers, body: payload, cache: 'no-store', credentials: 'same-origin' });
   } catch (err) {
     throw new ApiError(0, null, `Cannot reach the registry: ${err.message}`);
   }
@@ -95,10 +109,30 @@ export async function api(method, path, { query, body, text, contentType, token,
   return json;
 }
 
-/** `GET whoami` with an explicit token (or none): `"admin"`, `"editor"`, `"viewer"`, `"approver"` or `"worker"`. */
+/**
+ * `GET whoami` with an explicit token (or none: the session cookie, or a
+ * registry that needs no credential): `{role, principal?, via?}`, the role
+ * being `admin`, `editor`, `viewer`, `approver` or `worker`, `via` `session`
+ * for a person signed in with the identity provider.
+ */
 export async function whoami(token) {
-  const body = await api('GET', 'whoami', { token: token ?? null });
-  return body?.role;
+  return (await api('GET', 'whoami', { token: token ?? null })) ?? {};
+}
+
+/** `GET /admin/signin/providers` (no credential): the identity providers people sign in with, `[{name}]`. */
+export async function signinProviders() {
+  const body = await send('GET', new URL(`${BASE}signin/providers`, location.origin), { token: null });
+  return body?.providers ?? [];
+}
+
+/** Where the browser goes to sign in with `provider` (a navigation: the registry redirects to the provider). */
+export function signinHref(provider) {
+  return `${BASE}signin/${encodeURIComponent(provider)}`;
+}
+
+/** `POST /admin/signout`: ends the session of a person signed in with the identity provider. */
+export function signout() {
+  return send('POST', new URL(`${BASE}signout`, location.origin), { token: null });
 }
 
 const enc = encodeURIComponent;
@@ -133,4 +167,13 @@ export function workers() {
 export const approvals = {
   list: (state) => api('GET', 'approvals', { query: { state } }),
   decide: (id, decision, note) => api('POST', `approvals/${enc(id)}`, { body: { decision, note } }),
+};
+
+/** Who may call (reference §12.2): read by admin, editor and viewer. */
+export const access = {
+  policies: () => api('GET', 'policies'),
+  keys: () => api('GET', 'keys'),
+  providers: () => api('GET', 'identity/providers'),
+  /** `body`: one of `{key_id}`, `{token}`, `{subject, issuer, claims?}`, plus `server_id` and `tool`. */
+  explain: (body) => api('POST', 'access/explain', { body }),
 };

@@ -3,11 +3,16 @@
 // Routes (below /admin/): `` and `servers` (list), `servers/new`,
 // `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`,
 // `approvals`, `oauth` (OAuth connections, admin only; the registry's OAuth
-// callback comes back to `oauth?connected=<name>`). The approver token sees
-// the approvals page only.
+// callback comes back to `oauth?connected=<name>`), `access` (who may call).
+// The approver sees the approvals page only.
+//
+// One signs in with a registry token (or an API key), kept in this tab, or
+// with the organisation's identity provider: the registry's sign-in sets a
+// session cookie and comes back to the page, with `?signin_error=<message>`
+// when it failed.
 
-import { BASE, getToken, setToken, whoami, ApiError } from './api.js';
-import { h, replace, stateBox, confirmDialog } from './dom.js';
+import { BASE, getToken, setToken, whoami, signinProviders, signinHref, signout, ApiError } from './api.js';
+import { h, replace, stateBox, confirmDialog, toast, takeQueryParam } from './dom.js';
 import { serversPage } from './servers.js';
 import { serverPage } from './form.js';
 import { historyPage } from './history.js';
@@ -15,6 +20,7 @@ import { workersPage } from './workers.js';
 import { importPage } from './importer.js';
 import { approvalsPage } from './approvals.js';
 import { oauthPage } from './oauth.js';
+import { accessPage } from './access.js';
 
 const root = document.getElementById('app');
 
@@ -26,8 +32,14 @@ function logo() {
   return span.firstChild;
 }
 
-/** Session: the role of the token in use; `insecure` when the registry needs none. */
-const session = { role: null, insecure: false };
+const ROLES = ['admin', 'editor', 'viewer', 'approver', 'worker'];
+
+/**
+ * Session: the role and principal of the credential in use, `via` how it was
+ * presented (`session` for the identity provider's cookie); `insecure` when
+ * the registry needs no credential.
+ */
+const session = { role: null, principal: null, via: null, insecure: false };
 
 /** The page on screen: `{dispose(), isDirty()}`. */
 let current = null;
@@ -67,6 +79,8 @@ const context = {
   get canDecide() { return session.role === 'admin' || session.role === 'approver'; },
   // Reads OAuth connection status and approvals: a person's token, not the worker's.
   get isPerson() { return session.role !== 'worker'; },
+  // Reads who may call and asks for explanations (reference §12.2).
+  get canReadAccess() { return ['admin', 'editor', 'viewer'].includes(session.role); },
   navigate,
   href: (path) => BASE + path,
 };
@@ -88,6 +102,7 @@ function match(path) {
   if (parts.length === 1 && parts[0] === 'workers') return ['workers', () => workersPage(context)];
   if (parts.length === 1 && parts[0] === 'import') return ['import', () => importPage(context)];
   if (parts.length === 1 && parts[0] === 'oauth') return ['oauth', () => oauthPage(context)];
+  if (parts.length === 1 && parts[0] === 'access') return ['access', () => accessPage(context)];
   return ['', () => ({
     el: stateBox({
       title: 'Page not found',
@@ -126,7 +141,8 @@ function shell() {
     link('workers', { dataset: { section: 'workers' }, testid: 'nav-workers' }, 'Workers'),
     context.isPerson ? approvals : null,
     context.canEdit ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null,
-    context.isPerson ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null);
+    context.isPerson ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null,
+    context.canReadAccess ? link('access', { dataset: { section: 'access' }, testid: 'nav-access' }, 'Access') : null);
   const roleBadge = session.insecure
     ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
     : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },
@@ -137,18 +153,72 @@ function shell() {
       link('servers', { class: 'brand' }, logo(), 'Quiver', h('small', {}, 'registry admin')),
       nav,
       h('div', { class: 'session' },
+        session.principal ? h('span', { class: 'principal', testid: 'principal', title: session.principal }, session.principal) : null,
         roleBadge,
         session.insecure ? null : h('button', { type: 'button', class: 'btn btn-small', testid: 'sign-out', onclick: signOut }, 'Sign out'))),
     main);
 }
 
-function signOut() {
+/** Starts the session `me` (a `whoami` answer) got with `token` (`null`: none, or the session cookie). */
+function start(me, token) {
+  if (!ROLES.includes(me.role)) throw new ApiError(500, { message: `unexpected role ${JSON.stringify(me.role)}` });
+  session.role = me.role;
+  session.principal = me.principal ?? null;
+  session.via = me.via ?? null;
+  session.insecure = !token && session.via !== 'session';
+  render();
+}
+
+/** Back to the sign-in page, with `notice` as its error. */
+function end(notice) {
   setToken(null);
   session.role = null;
+  session.principal = null;
+  session.via = null;
   current?.dispose?.();
   current = null;
   main = null;
-  signIn();
+  signIn(notice);
+}
+
+async function signOut() {
+  if (session.via === 'session') {
+    try {
+      await signout();
+    } catch (err) {
+      // A session the registry no longer knows is over anyway.
+      if (err.status !== 401) {
+        toast(`Cannot sign out: ${err.message}`, 'error');
+        return;
+      }
+    }
+  }
+  end(null);
+}
+
+/** What `?signin_error=` the registry's sign-in came back with says, if any. */
+function takeSigninError() {
+  const message = takeQueryParam('signin_error');
+  if (message === null) return null;
+  return `Signing in with the identity provider failed: ${message || 'no reason given'}`;
+}
+
+/** The "Sign in with <name>" links, once the registry lists its providers (none: nothing shown). */
+function providerLinks() {
+  const box = h('div', { class: 'providers', testid: 'sign-in-providers', hidden: true });
+  signinProviders().then((providers) => {
+    if (!providers.length) return;
+    replace(box,
+      providers.map(({ name }) => h('a', {
+        class: 'btn btn-primary', href: signinHref(name), testid: 'sign-in-provider', dataset: { provider: name },
+      }, `Sign in with ${name}`)),
+      h('div', { class: 'or' }, 'or with a registry token'));
+    box.hidden = false;
+  }, (err) => {
+    // The token form still works; say why the buttons are missing.
+    console.warn(`cannot list the identity providers: ${err.message}`);
+  });
+  return box;
 }
 
 function signIn(notice) {
@@ -166,13 +236,11 @@ function signIn(notice) {
       button.disabled = true;
       button.textContent = 'Signing in…';
       try {
-        const role = await whoami(token);
-        if (!['admin', 'editor', 'viewer', 'approver', 'worker'].includes(role)) throw new ApiError(500, { message: `unexpected role ${JSON.stringify(role)}` });
+        const me = await whoami(token);
         setToken(token);
-        session.role = role;
-        session.insecure = false;
-        render();
+        start(me, token);
       } catch (err) {
+        setToken(null);
         error.hidden = false;
         error.textContent = err.status === 401
           ? 'This token is not accepted by the registry.'
@@ -191,7 +259,8 @@ function signIn(notice) {
     h('div', { class: 'signin-wrap', testid: 'sign-in-page' },
       h('div', { class: 'signin' },
         h('div', { class: 'brand' }, logo(), 'Quiver', h('small', {}, 'registry admin')),
-        h('p', {}, 'Sign in with a registry token to manage MCP servers.'),
+        h('p', {}, 'Sign in to manage MCP servers.'),
+        providerLinks(),
         form)));
   input.focus();
 }
@@ -206,24 +275,20 @@ async function boot() {
   window.addEventListener('popstate', () => render());
   window.addEventListener('quiver:unauthenticated', () => {
     if (!session.role || session.insecure) return;
-    setToken(null);
-    session.role = null;
-    main = null;
-    current?.dispose?.();
-    current = null;
-    signIn('The registry no longer accepts your token. Sign in again.');
+    end(session.via === 'session'
+      ? 'Your session has ended. Sign in again.'
+      : 'The registry no longer accepts your token. Sign in again.');
   });
 
+  const signinError = takeSigninError();
   const token = getToken();
   try {
-    const role = await whoami(token);
-    session.role = role;
-    session.insecure = !token;
-    render();
+    start(await whoami(token), token);
+    if (signinError) toast(signinError, 'error');
   } catch (err) {
     if (err.status === 401) {
       setToken(null);
-      signIn(token ? 'The registry no longer accepts your token. Sign in again.' : null);
+      signIn(signinError ?? (token ? 'The registry no longer accepts your token. Sign in again.' : null));
     } else {
       replace(root, h('main', {}, stateBox({
         title: 'Cannot reach the registry',

@@ -120,6 +120,55 @@ export function badge(text, kind = '', props = {}) {
   return h('span', { class: `badge ${kind}`, ...props }, h('span', { class: 'dot' }), text);
 }
 
+/**
+ * The labelled fields of one form, able to show the registry's field errors.
+ * `field(key, label, control, hint, extra)` builds one: the control gets the
+ * id `<prefix>-f-<key>`, its error slot the testid `<prefix>-error-<key>`.
+ * `show(errors)` marks the fields `[{field, message}]` names (a path such as
+ * `scopes[0]` marks `scopes`), focuses the first and returns the errors no
+ * field took; `clear()` removes every mark.
+ */
+export function fieldGroup(prefix) {
+  const fields = new Map();
+  const clear = () => {
+    for (const { wrap, slot } of fields.values()) {
+      wrap.classList.remove('invalid');
+      slot.hidden = true;
+      slot.textContent = '';
+    }
+  };
+  return {
+    field(key, label, control, hint = null, extra = null) {
+      const id = `${prefix}-f-${key}`;
+      control.id = id;
+      const slot = h('div', { class: 'field-error', testid: `${prefix}-error-${key}`, hidden: true });
+      const wrap = h('div', { class: 'field', dataset: { field: key } },
+        h('label', { for: id }, label), control, typeof hint === 'string' ? h('div', { class: 'hint' }, hint) : hint, extra, slot);
+      fields.set(key, { wrap, slot, control });
+      return wrap;
+    },
+    clear,
+    show(errors) {
+      clear();
+      const untaken = [];
+      let first = null;
+      for (const error of errors) {
+        const target = fields.get(String(error.field).split(/[.[]/)[0]);
+        if (!target) {
+          untaken.push(error);
+          continue;
+        }
+        target.wrap.classList.add('invalid');
+        target.slot.textContent = target.slot.textContent ? `${target.slot.textContent}; ${error.message}` : error.message;
+        target.slot.hidden = false;
+        first = first ?? target.control;
+      }
+      first?.focus();
+      return untaken;
+    },
+  };
+}
+
 /** A centered empty / error / loading box. */
 export function stateBox({ title, text, actions = [], kind = '', testid }) {
   return h('div', { class: `state-box ${kind}`, testid },
@@ -131,6 +180,20 @@ export function stateBox({ title, text, actions = [], kind = '', testid }) {
 /** A loading line. */
 export function loading(text = 'Loading…') {
   return h('div', { class: 'state-box', testid: 'loading' }, h('span', { class: 'spinner' }), ' ', text);
+}
+
+/**
+ * Query parameter `name` of the address (`null` when absent), taken off the
+ * address so a reload or re-render does not act on it again.
+ */
+export function takeQueryParam(name) {
+  const params = new URLSearchParams(location.search);
+  if (!params.has(name)) return null;
+  const value = params.get(name);
+  params.delete(name);
+  const rest = params.toString();
+  history.replaceState(history.state, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
+  return value;
 }
 
 /** Calls `fn` once no call came for `ms` milliseconds. */

@@ -6,7 +6,7 @@
 // write-only here.
 
 import { api } from './api.js';
-import { h, replace, stateBox, loading, badge, toast, confirmDialog, formatTime, timeEl } from './dom.js';
+import { h, replace, stateBox, loading, badge, toast, confirmDialog, formatTime, timeEl, fieldGroup, takeQueryParam } from './dom.js';
 
 const REFRESH_MS = 5000;
 
@@ -22,7 +22,7 @@ const oauthApi = {
   put: (name, body) => api('PUT', `oauth/connections/${enc(name)}`, { body }),
   remove: (name) => api('DELETE', `oauth/connections/${enc(name)}`),
   // The answer sets the cookie that binds the flow to this browser.
-  connect: (name) => api('POST', `oauth/connections/${enc(name)}/connect`, { cookies: true }),
+  connect: (name) => api('POST', `oauth/connections/${enc(name)}/connect`),
 };
 
 export function oauthPage(ctx) {
@@ -40,16 +40,9 @@ export function oauthPage(ctx) {
     };
   }
 
-  // Back from the authorization server: say so once, and drop the query so a
-  // reload or re-render does not say it again.
-  const params = new URLSearchParams(location.search);
-  const connected = params.get('connected');
-  if (params.has('connected')) {
-    params.delete('connected');
-    const rest = params.toString();
-    history.replaceState(history.state, '', location.pathname + (rest ? `?${rest}` : '') + location.hash);
-    if (connected) toast(`Connected ${connected}`, 'ok');
-  }
+  // Back from the authorization server: say so once.
+  const connected = takeQueryParam('connected');
+  if (connected) toast(`Connected ${connected}`, 'ok');
 
   const body = h('div', {}, loading('Loading OAuth connections…'));
   const updated = h('span', { class: 'updated small muted', testid: 'refreshed' });
@@ -70,20 +63,12 @@ export function oauthPage(ctx) {
   const removeSecret = h('input', { type: 'checkbox', testid: 'oauth-remove-secret' });
   const removeSecretRow = h('label', { class: 'check small', hidden: true }, removeSecret, 'Remove the stored secret');
   const secretHint = h('div', { class: 'hint', testid: 'oauth-secret-hint' }, 'Stored encrypted and never shown again.');
-  const errorSlots = new Map();
+  const fields = fieldGroup('oauth');
   const formBanner = h('div', { class: 'banner banner-error', testid: 'oauth-form-error', role: 'alert', hidden: true });
   const saveButton = h('button', { type: 'submit', class: 'btn btn-primary', testid: 'oauth-save' }, 'Save connection');
   const formTitle = h('h2', { testid: 'oauth-form-title' }, 'Add a connection');
 
-  function field(key, label, hint, extra = null) {
-    const id = `oauth-f-${key}`;
-    inputs[key].id = id;
-    const slot = h('div', { class: 'field-error', testid: `oauth-error-${key}`, hidden: true });
-    const wrap = h('div', { class: 'field', dataset: { field: key } },
-      h('label', { for: id }, label), inputs[key], typeof hint === 'string' ? h('div', { class: 'hint' }, hint) : hint, extra, slot);
-    errorSlots.set(key, { wrap, slot });
-    return wrap;
-  }
+  const field = (key, label, hint, extra) => fields.field(key, label, inputs[key], hint, extra);
 
   const form = h('form', { class: 'card oauth-form', testid: 'oauth-form', novalidate: true, onsubmit: (event) => { event.preventDefault(); save(); } },
     h('div', { class: 'card-head' }, formTitle,
@@ -127,34 +112,16 @@ export function oauthPage(ctx) {
   function clearErrors() {
     formBanner.hidden = true;
     replace(formBanner);
-    for (const { wrap, slot } of errorSlots.values()) {
-      wrap.classList.remove('invalid');
-      slot.hidden = true;
-      slot.textContent = '';
-    }
+    fields.clear();
   }
 
   function showErrors(err) {
     clearErrors();
     const list = err.fieldErrors?.() ?? [];
-    let shown = 0;
-    let first = null;
-    for (const { field: path, message } of list) {
-      // `scopes[0]` → the scopes input.
-      const key = String(path).split(/[.[]/)[0];
-      const target = errorSlots.get(key);
-      if (!target) continue;
-      target.wrap.classList.add('invalid');
-      target.slot.textContent = target.slot.textContent ? `${target.slot.textContent}; ${message}` : message;
-      target.slot.hidden = false;
-      first = first ?? inputs[key];
-      shown += 1;
-    }
-    if (shown < list.length || !list.length) {
+    if (fields.show(list).length || !list.length) {
       replace(formBanner, h('div', { class: 'grow' }, h('b', {}, 'The registry refused this connection: '), err.message));
       formBanner.hidden = false;
     }
-    first?.focus();
   }
 
   function readForm() {

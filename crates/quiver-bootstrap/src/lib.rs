@@ -1,9 +1,13 @@
-//! Bootstrap of MCP server records from an `mcp.d` directory (docs/reference.md §4).
+//! Bootstrap of registry records from directories of files
+//! (docs/reference.md §4): MCP server records from an `mcp.d` directory, and
+//! policies and identity providers from a `policies.d` directory
+//! ([`policies`], same walk, same ownership rules).
 //!
 //! Three steps, usable apart so `--dry-run` can stop after the second:
 //! [`scan`] reads and validates the directory, [`plan`] compares what the files
 //! declare with the store, [`apply`] writes the plan. [`reconcile`] runs all
-//! three (start-up, SIGHUP, periodic and admin rescans).
+//! three (start-up, SIGHUP, periodic and admin rescans); [`policies`] has the
+//! same four for `policies.d`.
 //!
 //! # Which files are read
 //!
@@ -45,8 +49,13 @@
 //! Writes carry the revision the plan saw (`expected_revision`), so a record
 //! edited by an admin between [`plan`] and [`apply`] fails with a conflict for
 //! that record alone instead of being overwritten.
+//!
+//! `policies.d` ([`policies`]) reads its files the same way and follows the
+//! same rules per kind and name, except that a name defined by two files
+//! makes the later file invalid rather than overriding.
 
 mod plan;
+pub mod policies;
 mod scan;
 
 use std::path::{Path, PathBuf};
@@ -61,7 +70,7 @@ pub use scan::{FileError, FileRecord, Scan, scan};
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     /// The directory itself could not be read.
-    #[error("cannot read mcp.d directory {}: {source}", path.display())]
+    #[error("cannot read directory {}: {source}", path.display())]
     Io {
         /// The directory.
         path: PathBuf,
@@ -69,8 +78,10 @@ pub enum BootstrapError {
         source: std::io::Error,
     },
     /// Strict mode: at least one file is invalid, so nothing was loaded.
-    #[error("{}", display_invalid(errors))]
+    #[error("{}", display_invalid(dir, errors))]
     Invalid {
+        /// The directory.
+        dir: PathBuf,
         /// Every invalid file, in file-name order.
         errors: Vec<FileError>,
     },
@@ -79,11 +90,11 @@ pub enum BootstrapError {
     Store(#[from] StoreError),
 }
 
-fn display_invalid(errors: &[FileError]) -> String {
-    let mut text = format!("{} invalid file(s) in mcp.d", errors.len());
+fn display_invalid(dir: &Path, errors: &[FileError]) -> String {
+    let mut text = format!("{} invalid file(s)", errors.len());
     for (i, error) in errors.iter().enumerate() {
         text.push_str(if i == 0 { ": " } else { "; " });
-        text.push_str(&error.to_string());
+        text.push_str(&error.display_in(dir));
     }
     text
 }
@@ -98,45 +109,70 @@ pub async fn reconcile(
     strictness: Strictness,
     actor: &str,
 ) -> Result<(Scan, ApplyReport), BootstrapError> {
-    let scanned = match scan(dir, strictness) {
+    let scanned = logged_scan(MCP_D, dir, scan(dir, strictness))?;
+    let planned = plan(store, &scanned).await?;
+    let report = apply(store, &planned, actor).await?;
+    log_reconciled(MCP_D, dir, &scanned, planned.revision, &report);
+    Ok((scanned, report))
+}
+
+/// How logs name the `mcp.d` directory.
+const MCP_D: &str = "mcp.d";
+
+/// `scanned` with its warnings and invalid files logged (`what` names the
+/// kind of directory).
+pub(crate) fn logged_scan<R>(
+    what: &str,
+    dir: &Path,
+    scanned: Result<Scan<R>, BootstrapError>,
+) -> Result<Scan<R>, BootstrapError> {
+    let scanned = match scanned {
         Ok(scanned) => scanned,
         Err(err) => {
-            if let BootstrapError::Invalid { errors } = &err {
-                log_file_errors(dir, errors);
+            if let BootstrapError::Invalid { errors, .. } = &err {
+                log_file_errors(what, dir, errors);
             }
             return Err(err);
         }
     };
     for warning in &scanned.warnings {
-        tracing::warn!(dir = %dir.display(), warning = %warning, "mcp.d scan warning");
+        tracing::warn!(dir = %dir.display(), warning = %warning, "{what} scan warning");
     }
-    log_file_errors(dir, &scanned.errors);
-    let planned = plan(store, &scanned).await?;
-    let report = apply(store, &planned, actor).await?;
+    log_file_errors(what, dir, &scanned.errors);
+    Ok(scanned)
+}
+
+/// Logs what a reconcile of `dir` did: at INFO only when it changed
+/// something, since rescans run every few seconds (`quiver dev`) and one
+/// that changed nothing is not news.
+pub(crate) fn log_reconciled<R>(
+    what: &str,
+    dir: &Path,
+    scanned: &Scan<R>,
+    planned_at_revision: u64,
+    report: &ApplyReport,
+) {
     tracing::debug!(
         dir = %dir.display(),
         files = scanned.files.len(),
         records = scanned.records.len(),
         invalid_files = scanned.errors.len(),
-        planned_at_revision = planned.revision,
-        "mcp.d scanned"
+        planned_at_revision,
+        "{what} scanned"
     );
-    // Rescans run every few seconds (`quiver dev`): one that changed nothing
-    // is not news.
     if report.changed_anything() {
-        tracing::info!(dir = %dir.display(), report = %report, "mcp.d reconciled");
+        tracing::info!(dir = %dir.display(), report = %report, "{what} reconciled");
     }
-    Ok((scanned, report))
 }
 
-fn log_file_errors(dir: &Path, errors: &[FileError]) {
+fn log_file_errors(what: &str, dir: &Path, errors: &[FileError]) {
     for error in errors {
         tracing::warn!(
             dir = %dir.display(),
             file = %error.file,
             fields = ?error.fields,
             error = %error.message,
-            "invalid mcp.d file skipped"
+            "invalid {what} file skipped"
         );
     }
 }

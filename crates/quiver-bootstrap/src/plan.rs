@@ -1,5 +1,6 @@
-//! Comparing a scan with the store, rendering the difference (`--dry-run`)
-//! and writing it (R-BOOT-4, R-BOOT-5).
+//! Comparing an `mcp.d` scan with the store, rendering the difference
+//! (`--dry-run`) and writing it (R-BOOT-4, R-BOOT-5); the ownership rules and
+//! the rendering are shared with `policies.d` ([`decide`], [`Render`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -91,17 +92,6 @@ pub struct Plan {
     pub actions: Vec<Action>,
 }
 
-/// Counts of actions by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Tally {
-    create: usize,
-    update: usize,
-    delete: usize,
-    unchanged: usize,
-    skipped: usize,
-    kept: usize,
-}
-
 impl Plan {
     /// Whether applying the plan writes anything.
     pub fn has_changes(&self) -> bool {
@@ -117,121 +107,205 @@ impl Plan {
     /// action, the new record's TOML for creates, a unified diff for updates,
     /// the removed TOML for deletes, then a summary line.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut tally = Tally::default();
+        let mut out = Render::default();
         for action in &self.actions {
             match action {
                 Action::Create { file, spec } => {
-                    tally.create += 1;
-                    line(
-                        &mut out,
-                        format_args!("+ create {} ({file})", spec.server_id),
-                    );
-                    prefix_lines(&mut out, '+', &spec.to_toml());
+                    out.create(&spec.server_id, file, &spec.to_toml());
                 }
                 Action::Update {
                     file,
                     current,
                     spec,
-                } => {
-                    tally.update += 1;
-                    let id = &spec.server_id;
-                    let moved = current.source.file_name() != Some(file.as_str());
-                    if moved {
-                        line(
-                            &mut out,
-                            format_args!("~ update {id} ({file}, was {})", current.source),
-                        );
-                    } else {
-                        line(&mut out, format_args!("~ update {id} ({file})"));
-                    }
-                    let old = current.spec.to_toml();
-                    let new = spec.to_toml();
-                    if old == new {
-                        line(
-                            &mut out,
-                            format_args!(
-                                "  content unchanged, source {} -> file:{file}",
-                                current.source
-                            ),
-                        );
-                    } else {
-                        let diff = TextDiff::from_lines(&old, &new);
-                        let mut unified = diff.unified_diff();
-                        unified.header(
-                            &format!("{id} (revision {}, {})", current.revision, current.source),
-                            &format!("{id} (file:{file})"),
-                        );
-                        out.push_str(&unified.to_string());
-                        if !out.ends_with('\n') {
-                            out.push('\n');
-                        }
-                    }
-                }
+                } => out.update(
+                    &spec.server_id,
+                    file,
+                    (&current.source, current.revision),
+                    &current.spec.to_toml(),
+                    &spec.to_toml(),
+                ),
                 Action::Delete { current, reason } => {
-                    tally.delete += 1;
-                    line(
-                        &mut out,
-                        format_args!("- delete {} ({reason})", current.spec.server_id),
-                    );
-                    prefix_lines(&mut out, '-', &current.spec.to_toml());
+                    out.delete(&current.spec.server_id, reason, &current.spec.to_toml());
                 }
-                Action::Unchanged { server_id, file } => {
-                    tally.unchanged += 1;
-                    line(&mut out, format_args!("= unchanged {server_id} ({file})"));
-                }
+                Action::Unchanged { server_id, file } => out.unchanged(server_id, file),
                 Action::Skipped {
                     server_id,
                     file,
                     reason,
-                } => {
-                    tally.skipped += 1;
-                    line(
-                        &mut out,
-                        format_args!("! skipped {server_id} ({file}): {reason}"),
-                    );
-                }
+                } => out.skipped(server_id, file, reason),
                 Action::Kept {
                     server_id,
                     file,
                     reason,
-                } => {
-                    tally.kept += 1;
-                    line(
-                        &mut out,
-                        format_args!("! kept {server_id} ({file}): {reason}"),
-                    );
-                }
+                } => out.kept(server_id, file, reason),
             }
         }
-        line(
-            &mut out,
-            format_args!(
-                "plan against revision {}: {} to create, {} to update, {} to delete, {} unchanged, {} skipped, {} kept",
-                self.revision,
-                tally.create,
-                tally.update,
-                tally.delete,
-                tally.unchanged,
-                tally.skipped,
-                tally.kept
-            ),
-        );
-        out
+        out.finish(self.revision)
     }
 }
 
-fn line(out: &mut String, args: fmt::Arguments<'_>) {
-    // Writing to a String cannot fail.
-    let _ = out.write_fmt(args);
-    out.push('\n');
+/// The text of a plan (`--dry-run`), one action at a time, with the counts
+/// of its summary line. Shared by the `mcp.d` and `policies.d` plans, so
+/// both read the same; `what` names the record (`fs`, `policy team-a`).
+#[derive(Debug, Default)]
+pub(crate) struct Render {
+    out: String,
+    create: usize,
+    update: usize,
+    delete: usize,
+    unchanged: usize,
+    skipped: usize,
+    kept: usize,
 }
 
-fn prefix_lines(out: &mut String, prefix: char, text: &str) {
-    for text_line in text.lines() {
-        out.push(prefix);
-        out.push_str(text_line);
-        out.push('\n');
+impl Render {
+    pub(crate) fn create(&mut self, what: &str, file: &str, toml: &str) {
+        self.create += 1;
+        self.line(format_args!("+ create {what} ({file})"));
+        self.prefix_lines('+', toml);
+    }
+
+    /// `current` is the stored record's source and revision.
+    pub(crate) fn update(
+        &mut self,
+        what: &str,
+        file: &str,
+        current: (&Source, u64),
+        old: &str,
+        new: &str,
+    ) {
+        self.update += 1;
+        let (source, revision) = current;
+        if source.file_name() == Some(file) {
+            self.line(format_args!("~ update {what} ({file})"));
+        } else {
+            self.line(format_args!("~ update {what} ({file}, was {source})"));
+        }
+        if old == new {
+            self.line(format_args!(
+                "  content unchanged, source {source} -> file:{file}"
+            ));
+            return;
+        }
+        let diff = TextDiff::from_lines(old, new);
+        let mut unified = diff.unified_diff();
+        unified.header(
+            &format!("{what} (revision {revision}, {source})"),
+            &format!("{what} (file:{file})"),
+        );
+        self.out.push_str(&unified.to_string());
+        if !self.out.ends_with('\n') {
+            self.out.push('\n');
+        }
+    }
+
+    pub(crate) fn delete(&mut self, what: &str, reason: &str, toml: &str) {
+        self.delete += 1;
+        self.line(format_args!("- delete {what} ({reason})"));
+        self.prefix_lines('-', toml);
+    }
+
+    pub(crate) fn unchanged(&mut self, what: &str, file: &str) {
+        self.unchanged += 1;
+        self.line(format_args!("= unchanged {what} ({file})"));
+    }
+
+    pub(crate) fn skipped(&mut self, what: &str, file: &str, reason: &str) {
+        self.skipped += 1;
+        self.line(format_args!("! skipped {what} ({file}): {reason}"));
+    }
+
+    pub(crate) fn kept(&mut self, what: &str, file: &str, reason: &str) {
+        self.kept += 1;
+        self.line(format_args!("! kept {what} ({file}): {reason}"));
+    }
+
+    /// The text, ending with the summary line.
+    pub(crate) fn finish(mut self, revision: u64) -> String {
+        let summary = format!(
+            "plan against revision {revision}: {} to create, {} to update, {} to delete, {} unchanged, {} skipped, {} kept",
+            self.create, self.update, self.delete, self.unchanged, self.skipped, self.kept
+        );
+        self.line(format_args!("{summary}"));
+        self.out
+    }
+
+    fn line(&mut self, args: fmt::Arguments<'_>) {
+        // Writing to a String cannot fail.
+        let _ = self.out.write_fmt(args);
+        self.out.push('\n');
+    }
+
+    fn prefix_lines(&mut self, prefix: char, text: &str) {
+        for text_line in text.lines() {
+            self.out.push(prefix);
+            self.out.push_str(text_line);
+            self.out.push('\n');
+        }
+    }
+}
+
+/// What the ownership rules (crate docs) decide for one record, whatever
+/// its kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// A file declares it and the store lacks it.
+    Create,
+    /// A file takes over or changes the file-owned stored record.
+    Update,
+    /// The owning file declares exactly what is stored.
+    Unchanged,
+    /// The declaration is not applied; why, naming the file.
+    Skipped(String),
+    /// The file-owned record is no longer declared; why.
+    Delete(String),
+    /// Not declared, but its invalid file still owns it; why.
+    Kept(String),
+    /// Stored, not declared and not file-owned: nothing to say.
+    Untouched,
+}
+
+/// The ownership rules for the record `what` (`server_id fs`, `policy
+/// team-a`): `declared` is the file declaring it, `stored` the stored
+/// record's source and whether its content is the declared one.
+/// `invalid_owner_wins(owner, file)` says whether an owner file that is
+/// present but invalid would have won over the declaring file were it
+/// valid; its declaration then keeps the record.
+pub(crate) fn decide<R>(
+    what: &str,
+    declared: Option<&str>,
+    stored: Option<(&Source, bool)>,
+    scan: &Scan<R>,
+    invalid_owner_wins: impl Fn(&str, &str) -> bool,
+) -> Decision {
+    match (declared, stored) {
+        (Some(_), None) => Decision::Create,
+        (Some(file), Some((source, same_content))) => match source {
+            Source::Admin | Source::Api => {
+                Decision::Skipped(format!("{what} is managed by {source}; {file} ignored"))
+            }
+            Source::File(owner)
+                if owner != file
+                    && scan.is_invalid_file(owner)
+                    && invalid_owner_wins(owner, file) =>
+            {
+                Decision::Skipped(format!(
+                    "{what} belongs to {owner}, which is invalid and takes precedence; {file} ignored"
+                ))
+            }
+            Source::File(owner) if owner == file && same_content => Decision::Unchanged,
+            Source::File(_) => Decision::Update,
+        },
+        (None, Some((Source::File(owner), _))) => {
+            if scan.is_invalid_file(owner) {
+                Decision::Kept(format!("{owner} is invalid; record kept until it is fixed"))
+            } else if scan.is_valid_file(owner) {
+                Decision::Delete(format!("no longer declared by {owner}"))
+            } else {
+                Decision::Delete(format!("file {owner} removed"))
+            }
+        }
+        (None, _) => Decision::Untouched,
     }
 }
 
@@ -253,68 +327,45 @@ pub async fn plan(store: &dyn Store, scan: &Scan) -> Result<Plan, BootstrapError
 
     let mut actions = Vec::new();
     for id in ids {
-        let action = match (declared.get(id), stored.get(id)) {
-            (Some(record), None) => Action::Create {
+        let record = declared.get(id);
+        let current = stored.get(id);
+        let decision = decide(
+            &format!("server_id {id}"),
+            record.map(|r| r.file.as_str()),
+            current.map(|c| (&c.source, record.is_some_and(|r| r.spec == c.spec))),
+            scan,
+            // The last file wins (R-BOOT-3).
+            |owner, file| owner > file,
+        );
+        let action = match (decision, record, current) {
+            (Decision::Create, Some(record), _) => Action::Create {
                 file: record.file.clone(),
                 spec: record.spec.clone(),
             },
-            (Some(record), Some(current)) => {
-                let file = &record.file;
-                match &current.source {
-                    Source::Admin | Source::Api => Action::Skipped {
-                        server_id: id.to_owned(),
-                        file: file.clone(),
-                        reason: format!(
-                            "server_id {id} is managed by {}; {file} ignored",
-                            current.source
-                        ),
-                    },
-                    // Had the owner been valid it would have won over `file`.
-                    Source::File(owner) if owner > file && scan.is_invalid_file(owner) => {
-                        Action::Skipped {
-                            server_id: id.to_owned(),
-                            file: file.clone(),
-                            reason: format!(
-                                "server_id {id} belongs to {owner}, which is invalid and takes precedence; {file} ignored"
-                            ),
-                        }
-                    }
-                    Source::File(owner) if owner == file && current.spec == record.spec => {
-                        Action::Unchanged {
-                            server_id: id.to_owned(),
-                            file: file.clone(),
-                        }
-                    }
-                    Source::File(_) => Action::Update {
-                        file: file.clone(),
-                        current: Box::new((*current).clone()),
-                        spec: record.spec.clone(),
-                    },
-                }
-            }
-            (None, Some(current)) => {
-                let Source::File(owner) = &current.source else {
-                    continue;
-                };
-                if scan.is_invalid_file(owner) {
-                    Action::Kept {
-                        server_id: id.to_owned(),
-                        file: owner.clone(),
-                        reason: format!("{owner} is invalid; record kept until it is fixed"),
-                    }
-                } else if scan.is_valid_file(owner) {
-                    Action::Delete {
-                        current: Box::new((*current).clone()),
-                        reason: format!("no longer declared by {owner}"),
-                    }
-                } else {
-                    Action::Delete {
-                        current: Box::new((*current).clone()),
-                        reason: format!("file {owner} removed"),
-                    }
-                }
-            }
-            (None, None) => continue,
+            (Decision::Update, Some(record), Some(current)) => Action::Update {
+                file: record.file.clone(),
+                current: Box::new((*current).clone()),
+                spec: record.spec.clone(),
+            },
+            (Decision::Unchanged, Some(record), _) => Action::Unchanged {
+                server_id: id.to_owned(),
+                file: record.file.clone(),
+            },
+            (Decision::Skipped(reason), Some(record), _) => Action::Skipped {
+                server_id: id.to_owned(),
+                file: record.file.clone(),
+                reason,
+            },
+            (Decision::Delete(reason), _, Some(current)) => Action::Delete {
+                current: Box::new((*current).clone()),
+                reason,
+            },
+            (Decision::Kept(reason), _, Some(current)) => Action::Kept {
+                server_id: id.to_owned(),
+                file: current.source.file_name().unwrap_or_default().to_owned(),
+                reason,
+            },
+            _ => continue,
         };
         actions.push(action);
     }
@@ -339,7 +390,8 @@ pub struct ApplyReport {
     pub skipped: usize,
     /// Records kept because their file is invalid.
     pub kept: usize,
-    /// Actions that failed, as `(server_id, error message)`; typically
+    /// Actions that failed, as `(record, error message)` (the record's
+    /// `server_id`, or `<kind> <name>` for `policies.d`); typically
     /// revision conflicts with a concurrent edit.
     pub failed: Vec<(String, String)>,
 }

@@ -1,4 +1,5 @@
-//! Reading and validating the files of an `mcp.d` directory (R-BOOT-2…4).
+//! Reading the files of a bootstrap directory (R-BOOT-2…4): the walk every
+//! directory shares ([`read_dir`]) and the `mcp.d` records ([`scan`]).
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -7,7 +8,7 @@ use std::fs::{self, File, Metadata};
 use std::io::{self, Read};
 use std::path::Path;
 
-use quiver_model::{Format, McpServerSpec, ModelError, Strictness, parse_document};
+use quiver_model::{FieldError, Format, McpServerSpec, ModelError, Strictness, parse_document};
 
 use crate::BootstrapError;
 
@@ -32,7 +33,7 @@ pub struct FileError {
 }
 
 impl FileError {
-    fn new(file: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(file: &str, message: impl Into<String>) -> Self {
         FileError {
             file: file.to_owned(),
             message: message.into(),
@@ -40,11 +41,16 @@ impl FileError {
         }
     }
 
-    fn from_model(file: &str, err: &ModelError) -> Self {
+    pub(crate) fn from_model(file: &str, err: &ModelError) -> Self {
         let field_errors = err.field_errors();
         if field_errors.is_empty() {
             return FileError::new(file, err.to_string());
         }
+        FileError::from_fields(file, field_errors)
+    }
+
+    /// An error about the fields of `file`; `field_errors` is not empty.
+    pub(crate) fn from_fields(file: &str, field_errors: &[FieldError]) -> Self {
         let message = field_errors
             .iter()
             .map(|e| {
@@ -68,28 +74,50 @@ impl FileError {
     }
 }
 
+impl FileError {
+    /// The error with the file's path in `dir` (`policies.d/10-teams.toml:
+    /// policies.team-a.tool_denylist[0]: …`), for messages read away from
+    /// the directory's context (start-up failures, `--dry-run`).
+    pub fn display_in(&self, dir: &Path) -> String {
+        format!("{}: {}", dir.join(&self.file).display(), self.message)
+    }
+}
+
 impl fmt::Display for FileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.file, self.message)
     }
 }
 
-/// What a directory declares.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Scan {
-    /// The winning record of every declared `server_id`, ordered by `server_id`.
-    pub records: Vec<FileRecord>,
+/// What a directory declares: `mcp.d` records ([`FileRecord`], the
+/// default) or `policies.d` records ([`crate::policies::AccessFileRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scan<R = FileRecord> {
+    /// The chosen record of every declared key, ordered by key.
+    pub records: Vec<R>,
     /// Names of the valid files read, in file-name order (including files
     /// whose records were all overridden by later files).
     pub files: Vec<String>,
-    /// Files present but invalid (lenient mode only; strict mode fails instead).
+    /// Files present but invalid (lenient mode only; strict mode fails
+    /// instead), in file-name order.
     pub errors: Vec<FileError>,
     /// Things an operator should know about: overrides, ignored unknown
     /// fields, symlinks skipped. Each names its file.
     pub warnings: Vec<String>,
 }
 
-impl Scan {
+impl<R> Default for Scan<R> {
+    fn default() -> Self {
+        Scan {
+            records: Vec::new(),
+            files: Vec::new(),
+            errors: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl<R> Scan<R> {
     /// Whether `file` was read and is valid.
     pub fn is_valid_file(&self, file: &str) -> bool {
         self.files.iter().any(|f| f == file)
@@ -100,23 +128,50 @@ impl Scan {
         self.errors.iter().any(|e| e.file == file)
     }
 
+    /// The scan as the mode wants it: in strict mode any invalid file fails
+    /// it ([`BootstrapError::Invalid`]). Errors end up in file-name order
+    /// whichever step found them.
+    pub(crate) fn finish(
+        mut self,
+        dir: &Path,
+        strictness: Strictness,
+    ) -> Result<Self, BootstrapError> {
+        self.errors.sort_by(|a, b| a.file.cmp(&b.file));
+        if strictness == Strictness::Strict && !self.errors.is_empty() {
+            return Err(BootstrapError::Invalid {
+                dir: dir.to_owned(),
+                errors: self.errors,
+            });
+        }
+        Ok(self)
+    }
+}
+
+impl Scan<FileRecord> {
     /// The record declared for `server_id`, if any.
     pub fn record(&self, server_id: &str) -> Option<&FileRecord> {
         self.records.iter().find(|r| r.spec.server_id == server_id)
     }
 }
 
+/// A file of a bootstrap directory worth parsing, read.
+pub(crate) struct DirFile {
+    /// Its name, the records' `file:<name>` source.
+    pub name: String,
+    /// Its syntax, by extension.
+    pub format: Format,
+    /// Its content.
+    pub text: String,
+}
+
 /// Reads every record file directly inside `dir` (see the crate docs for
-/// which files count).
-///
-/// Lenient mode reports invalid files in [`Scan::errors`]; strict mode
-/// returns [`BootstrapError::Invalid`] naming every invalid file.
-pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> {
+/// which files count), in byte order of their names. Files skipped for the
+/// operator's attention become warnings of `found`, unreadable ones errors.
+pub(crate) fn read_dir<R>(dir: &Path, found: &mut Scan<R>) -> Result<Vec<DirFile>, BootstrapError> {
     let io_error = |source| BootstrapError::Io {
         path: dir.to_owned(),
         source,
     };
-    let mut warnings = Vec::new();
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_error)? {
         let entry = entry.map_err(io_error)?;
@@ -126,7 +181,7 @@ pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> 
                 // The name could not be recorded as a `file:<name>` source faithfully.
                 let lossy = raw.to_string_lossy().into_owned();
                 if candidate_format(&lossy).is_some() {
-                    warnings.push(format!(
+                    found.warnings.push(format!(
                         "{lossy}: file name is not valid utf-8; file skipped"
                     ));
                 }
@@ -137,43 +192,51 @@ pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> 
     names.sort();
 
     let mut files = Vec::new();
-    let mut errors = Vec::new();
-    let mut declared: BTreeMap<String, FileRecord> = BTreeMap::new();
     for name in names {
         let Some(format) = candidate_format(&name) else {
             continue;
         };
-        let text = match read_candidate(&dir.join(&name)) {
-            Candidate::Text(text) => text,
+        match read_candidate(&dir.join(&name)) {
+            Candidate::Text(text) => files.push(DirFile { name, format, text }),
             Candidate::Skipped(reason) => {
-                warnings.push(format!("{name}: {reason}; file skipped"));
-                continue;
+                found
+                    .warnings
+                    .push(format!("{name}: {reason}; file skipped"));
             }
             Candidate::Ignored(reason) => {
-                tracing::debug!(file = %name, reason, "mcp.d entry ignored");
-                continue;
+                tracing::debug!(dir = %dir.display(), file = %name, reason, "bootstrap entry ignored");
             }
-            Candidate::Unreadable(message) => {
-                errors.push(FileError::new(&name, message));
-                continue;
-            }
-        };
+            Candidate::Unreadable(message) => found.errors.push(FileError::new(&name, message)),
+        }
+    }
+    Ok(files)
+}
+
+/// Reads the `mcp.d` records directly inside `dir` (see the crate docs for
+/// which files count).
+///
+/// Lenient mode reports invalid files in [`Scan::errors`]; strict mode
+/// returns [`BootstrapError::Invalid`] naming every invalid file.
+pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> {
+    let mut found = Scan::default();
+    let mut declared: BTreeMap<String, FileRecord> = BTreeMap::new();
+    for DirFile { name, format, text } in read_dir(dir, &mut found)? {
         let parsed = match parse_document(&text, format, strictness) {
             Ok(parsed) => parsed,
             Err(err) => {
-                errors.push(FileError::from_model(&name, &err));
+                found.errors.push(FileError::from_model(&name, &err));
                 continue;
             }
         };
         if let Some(error) = duplicate_ids(&name, parsed.iter().map(|p| &p.spec)) {
-            errors.push(error);
+            found.errors.push(error);
             continue;
         }
-        files.push(name.clone());
+        found.files.push(name.clone());
         for record in parsed {
             let server_id = record.spec.server_id.clone();
             for field in &record.ignored_fields {
-                warnings.push(format!(
+                found.warnings.push(format!(
                     "{name}: unknown field \"{field}\" ignored (server_id \"{server_id}\")"
                 ));
             }
@@ -186,7 +249,7 @@ pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> 
                     slot.insert(file_record);
                 }
                 Entry::Occupied(mut slot) => {
-                    warnings.push(format!(
+                    found.warnings.push(format!(
                         "server_id \"{}\" in {name} overrides {}",
                         slot.key(),
                         slot.get().file
@@ -196,16 +259,8 @@ pub fn scan(dir: &Path, strictness: Strictness) -> Result<Scan, BootstrapError> 
             }
         }
     }
-
-    if strictness == Strictness::Strict && !errors.is_empty() {
-        return Err(BootstrapError::Invalid { errors });
-    }
-    Ok(Scan {
-        records: declared.into_values().collect(),
-        files,
-        errors,
-        warnings,
-    })
+    found.records = declared.into_values().collect();
+    found.finish(dir, strictness)
 }
 
 /// The format of a file worth reading, or `None` for everything else.
@@ -217,12 +272,12 @@ fn candidate_format(name: &str) -> Option<Format> {
         || name.ends_with(".swp")
         || name.ends_with(".tmp");
     if leftover {
-        tracing::debug!(file = %name, "mcp.d entry ignored: hidden or temporary file");
+        tracing::debug!(file = %name, "bootstrap entry ignored: hidden or temporary file");
         return None;
     }
     let format = Format::from_file_name(name);
     if format.is_none() {
-        tracing::debug!(file = %name, "mcp.d entry ignored: not a .toml or .json file");
+        tracing::debug!(file = %name, "bootstrap entry ignored: not a .toml or .json file");
     }
     format
 }

@@ -182,7 +182,7 @@ async fn invalid_file_lenient_loads_the_rest_strict_writes_nothing() {
     let err = reconcile(&store, dir.path(), Strictness::Strict, "bootstrap")
         .await
         .unwrap_err();
-    let BootstrapError::Invalid { errors } = &err else {
+    let BootstrapError::Invalid { errors, .. } = &err else {
         panic!("expected invalid files, got {err}");
     };
     assert_eq!(errors.len(), 1);
@@ -248,7 +248,7 @@ fn unknown_field_warns_when_lenient_and_fails_when_strict() {
     assert!(scanned.warnings[0].contains("colour"));
 
     let err = scan(dir.path(), Strictness::Strict).unwrap_err();
-    let BootstrapError::Invalid { errors } = &err else {
+    let BootstrapError::Invalid { errors, .. } = &err else {
         panic!("expected invalid files, got {err}");
     };
     assert_eq!(errors.len(), 1);
@@ -662,7 +662,7 @@ async fn resource_and_prompt_lists_load_plan_and_refuse_bad_patterns() {
         &content_toml("docs", r#"["ui://*", "file:///my notes/*"]"#, "[]"),
     );
     let err = scan(d, Strictness::Strict).unwrap_err();
-    let BootstrapError::Invalid { errors } = &err else {
+    let BootstrapError::Invalid { errors, .. } = &err else {
         panic!("expected invalid files, got {err}");
     };
     assert_eq!(errors[0].file, "10-docs.toml");

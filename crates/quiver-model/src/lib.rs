@@ -3,6 +3,7 @@
 //! layered tool policy, `${ENV:…}` references and the registry's revision and
 //! history types. Every other crate speaks these types.
 
+pub mod access;
 pub mod approval;
 pub mod budget;
 pub mod env_ref;
@@ -21,7 +22,10 @@ mod validate;
 
 pub use error::{FieldError, Format, ModelError};
 pub use mask::{MASK, is_secret_parameter, redact_url, redact_urls};
-pub use parse::{ParsedRecord, Strictness, parse_document, parse_record, parse_record_value};
+pub use parse::{
+    ParsedRecord, Strictness, kind_of, parse_document, parse_record, parse_record_value,
+    parse_value, render_ignored,
+};
 pub use record::{
     ApprovalMode, ApprovalPolicy, Budgets, HttpConfig, Isolation, McpServerSpec, PrefixOp,
     PrefixReplace, StdioConfig, TransformStep, Transport,

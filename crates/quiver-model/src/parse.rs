@@ -126,7 +126,9 @@ pub fn parse_record_value(
     }
 }
 
-fn parse_value(text: &str, format: Format) -> Result<Value, ModelError> {
+/// A document's text as a JSON value (TOML is converted); a syntax error
+/// names the format.
+pub fn parse_value(text: &str, format: Format) -> Result<Value, ModelError> {
     let syntax = |message: String| ModelError::Syntax { format, message };
     match format {
         Format::Json => serde_json::from_str(text).map_err(|err| syntax(err.to_string())),
@@ -181,7 +183,8 @@ fn field_error_of(path: &str, message: &str) -> FieldError {
     }
 }
 
-fn render_ignored(path: &serde_ignored::Path<'_>) -> String {
+/// The field path (`a.b[2].c`) of a field `serde_ignored` reports.
+pub fn render_ignored(path: &serde_ignored::Path<'_>) -> String {
     use serde_ignored::Path;
     match path {
         Path::Root => String::new(),
@@ -193,7 +196,8 @@ fn render_ignored(path: &serde_ignored::Path<'_>) -> String {
     }
 }
 
-fn kind_of(value: &Value) -> &'static str {
+/// What a value is, in words (`a string`, `a table`), for errors.
+pub fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -135,7 +135,8 @@ impl FromStr for ChangeKind {
 pub struct Change {
     /// The revision this change created.
     pub revision: u64,
-    /// The record changed.
+    /// The record changed: a server id, or for an access record its name
+    /// within its kind.
     pub server_id: String,
     /// Upsert or delete.
     pub kind: ChangeKind,
@@ -143,6 +144,10 @@ pub struct Change {
     pub at: DateTime<Utc>,
     /// Who made it.
     pub actor: String,
+    /// `None` for a server record; the kind of an access record
+    /// (`crate::access`), which shares the revision space.
+    #[serde(default)]
+    pub access: Option<crate::access::AccessKind>,
 }
 
 /// One revision of one record (R-STORE-5).

@@ -17,6 +17,18 @@ impl TokenDigest {
         TokenDigest(Sha256::digest(token.as_bytes()).into())
     }
 
+    /// The digest's bytes (a map key: a digest of a random secret is safe
+    /// to look up in non-constant time).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lowercase hex, as API keys are stored (a digest of a random secret
+    /// reveals nothing usable about it).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// Whether `presented` is the token, in constant time.
     pub fn matches(&self, presented: &str) -> bool {
         self.matches_digest(&TokenDigest::of(presented))

@@ -6,6 +6,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use quiver_model as model;
 use quiver_model::FieldError;
 
+pub mod access;
 pub mod approval;
 pub mod credentials;
 pub mod tls;
@@ -364,7 +365,21 @@ impl TryFrom<pb::HistoryEntry> for model::HistoryEntry {
 }
 
 impl From<&model::Change> for pb::WatchMcpServersResponse {
+    /// The event of a change without its record: a server change names the
+    /// id, an access delete its kind and name (an access upsert's record is
+    /// added by the feed).
     fn from(change: &model::Change) -> Self {
+        if let Some(kind) = change.access {
+            let deletes = match change.kind {
+                model::ChangeKind::Upsert => Vec::new(),
+                model::ChangeKind::Delete => vec![(kind, change.server_id.as_str()).into()],
+            };
+            return pb::WatchMcpServersResponse {
+                revision: change.revision,
+                access_deletes: deletes,
+                ..Default::default()
+            };
+        }
         let ids = vec![change.server_id.clone()];
         let (upserts, deletes) = match change.kind {
             model::ChangeKind::Upsert => (ids, Vec::new()),
@@ -374,8 +389,7 @@ impl From<&model::Change> for pb::WatchMcpServersResponse {
             revision: change.revision,
             upserts,
             deletes,
-            heartbeat: false,
-            servers: Vec::new(),
+            ..Default::default()
         }
     }
 }

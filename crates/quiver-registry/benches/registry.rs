@@ -539,6 +539,7 @@ async fn list_phase(
         let message = pb::ListMcpServersResponse {
             revision: snapshot.revision,
             servers: snapshot.servers.iter().map(Into::into).collect(),
+            access: snapshot.access.iter().map(Into::into).collect(),
         };
         let encoded = prost::Message::encode_to_vec(&message);
         let database_took = t0.elapsed();

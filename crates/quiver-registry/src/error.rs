@@ -42,7 +42,8 @@ pub enum RegistryError {
         message: String,
     },
     /// The request cannot be served in the current state (watch outside the
-    /// change log, rescan without an `mcp.d` directory).
+    /// change log, rescan without an `mcp.d` or `policies.d` directory, a
+    /// policy still named by keys or rules).
     #[error("{0}")]
     FailedPrecondition(String),
     /// The registry is shutting down or its database is unreachable.
@@ -304,6 +305,19 @@ impl RegistryError {
     }
 }
 
+/// Parses a JSON request body; errors name the field (`rules[1].claim`).
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RegistryError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let field = if path == "." { None } else { Some(path) };
+        RegistryError::InvalidArgument {
+            field,
+            message: err.inner().to_string(),
+        }
+    })
+}
+
 impl From<ModelError> for RegistryError {
     fn from(err: ModelError) -> Self {
         RegistryError::InvalidArgument {
@@ -364,6 +378,12 @@ impl From<StoreError> for RegistryError {
                 current,
             },
             StoreError::Invalid(err) => err.into(),
+            StoreError::MissingReference { ref field, .. } => RegistryError::InvalidArgument {
+                field: Some(field.clone()),
+                message: err.to_string(),
+            },
+            StoreError::InUse { .. } => RegistryError::FailedPrecondition(err.to_string()),
+            StoreError::AccessNotFound { .. } => RegistryError::NotFound(err.to_string()),
             StoreError::InRecord { index, source } => RegistryError::from(*source).in_record(index),
             StoreError::Limit(message) => RegistryError::ResourceExhausted(message),
             StoreError::Database(err) => {

@@ -23,14 +23,15 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use quiver_model::access::StoredAccess;
 use quiver_model::{Change, ChangeKind, HistoryEntry, StoredServer};
 use quiver_proto::v1 as pb;
-use quiver_store::{HistoryPage, Store, StoreError};
+use quiver_store::{AccessHistoryEntry, HistoryPage, Store, StoreError};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RegistryError;
-use crate::head::HeadView;
+use crate::head::{AccessMap, HeadView};
 
 /// Changes read from the change log per query.
 const PAGE: u32 = 512;
@@ -53,6 +54,9 @@ pub struct FeedChange {
     /// deletes and for changes replayed from the change log beyond the
     /// in-memory cache (the watcher fetches those itself).
     pub server: Option<Arc<StoredServer>>,
+    /// The access record exactly as of this revision, for access upserts
+    /// (always known: a replay reads it).
+    pub access: Option<Arc<StoredAccess>>,
 }
 
 impl FeedChange {
@@ -62,7 +66,49 @@ impl FeedChange {
         if let Some(server) = &self.server {
             message.servers.push(server.as_ref().into());
         }
+        if let Some(access) = &self.access {
+            message.access_upserts.push(access.as_ref().into());
+        }
         message
+    }
+}
+
+/// The history row of one upsert: what the change left.
+enum Entry {
+    Server(Box<HistoryEntry>),
+    Access(Box<AccessHistoryEntry>),
+}
+
+/// Reads the history row of an upsert (the record exactly as of its
+/// revision); `None` for deletes.
+async fn entry_of(store: &dyn Store, change: &Change) -> Result<Option<Entry>, StoreError> {
+    if change.kind != ChangeKind::Upsert {
+        return Ok(None);
+    }
+    if change.access.is_some() {
+        return match store.access_at(change.revision).await? {
+            Some(entry) if entry.spec.is_some() => Ok(Some(Entry::Access(Box::new(entry)))),
+            _ => Err(StoreError::Corrupt(format!(
+                "no access history row for revision {}",
+                change.revision
+            ))),
+        };
+    }
+    let rows = store
+        .history_page(HistoryPage::After {
+            after: change.revision - 1,
+            server_id: Some(&change.server_id),
+            limit: 1,
+        })
+        .await?;
+    match rows.into_iter().next() {
+        Some(row) if row.entry.revision == change.revision => {
+            Ok(Some(Entry::Server(Box::new(row.entry))))
+        }
+        _ => Err(StoreError::Corrupt(format!(
+            "no history row for revision {} of {:?}",
+            change.revision, change.server_id
+        ))),
     }
 }
 
@@ -120,13 +166,11 @@ impl ChangeFeed {
         let (ring, _) = broadcast::channel(capacity);
         let known = store.subscribe();
         let listed = store.list().await?;
-        let (head_tx, head) = watch::channel(Arc::new(HeadView::from_list(
-            listed.revision,
-            listed.servers,
-        )));
+        let revision = listed.revision;
+        let (head_tx, head) = watch::channel(Arc::new(HeadView::from_list(listed)));
         let recent = Arc::new(Mutex::new(Recent {
             changes: VecDeque::new(),
-            tip: listed.revision,
+            tip: revision,
             capacity,
         }));
         let pump = Pump {
@@ -136,8 +180,8 @@ impl ChangeFeed {
             recent: recent.clone(),
             shutdown: shutdown.clone(),
         };
-        metrics::gauge!("quiver_registry_revision").set(listed.revision as f64);
-        tokio::spawn(pump.run(listed.revision));
+        metrics::gauge!("quiver_registry_revision").set(revision as f64);
+        tokio::spawn(pump.run(revision));
         Ok(ChangeFeed {
             ring,
             recent,
@@ -180,10 +224,7 @@ impl ChangeFeed {
             "the in-memory head is behind; listing from the database"
         );
         let listed = self.store.list().await?;
-        Ok(Arc::new(HeadView::from_list(
-            listed.revision,
-            listed.servers,
-        )))
+        Ok(Arc::new(HeadView::from_list(listed)))
     }
 
     /// The newest revision this process knows committed.
@@ -339,10 +380,8 @@ impl Pump {
                 listed = listed.revision,
                 "the change feed fell behind the compacted change log; listed again"
             );
-            self.head.send_replace(Arc::new(HeadView::from_list(
-                listed.revision,
-                listed.servers,
-            )));
+            self.head
+                .send_replace(Arc::new(HeadView::from_list(listed)));
             if let Ok(mut recent) = self.recent.lock() {
                 recent.changes.clear();
                 recent.tip = self.head.borrow().revision;
@@ -351,53 +390,37 @@ impl Pump {
         }
         // The record of each upsert exactly as of its revision: its history
         // row, found through the (server_id, revision) key.
-        let mut entries: Vec<Option<HistoryEntry>> = Vec::with_capacity(page.len());
+        let mut entries: Vec<Option<Entry>> = Vec::with_capacity(page.len());
         for chunk in page.chunks(RECORD_READS) {
             entries.extend(
-                futures::future::try_join_all(chunk.iter().map(|change| self.entry_of(change)))
-                    .await?,
+                futures::future::try_join_all(
+                    chunk
+                        .iter()
+                        .map(|change| entry_of(self.store.as_ref(), change)),
+                )
+                .await?,
             );
         }
         Ok(Some(self.apply(page, entries)))
     }
 
-    async fn entry_of(&self, change: &Change) -> Result<Option<HistoryEntry>, StoreError> {
-        if change.kind != ChangeKind::Upsert {
-            return Ok(None);
-        }
-        let rows = self
-            .store
-            .history_page(HistoryPage::After {
-                after: change.revision - 1,
-                server_id: Some(&change.server_id),
-                limit: 1,
-            })
-            .await?;
-        match rows.into_iter().next() {
-            Some(row) if row.entry.revision == change.revision => Ok(Some(row.entry)),
-            _ => Err(StoreError::Corrupt(format!(
-                "no history row for revision {} of {:?}",
-                change.revision, change.server_id
-            ))),
-        }
-    }
-
     /// Applies consecutive changes to the head, publishes it, then the
     /// changes; returns the last revision.
-    fn apply(&self, page: Vec<Change>, entries: Vec<Option<HistoryEntry>>) -> u64 {
+    fn apply(&self, page: Vec<Change>, entries: Vec<Option<Entry>>) -> u64 {
         let current = self.head.borrow().clone();
         let mut servers: BTreeMap<String, Arc<StoredServer>> = current.servers.clone();
+        let mut access: AccessMap = current.access.clone();
         let changes: Vec<Arc<FeedChange>> = page
             .into_iter()
             .zip(entries)
-            .map(|(change, entry)| Arc::new(apply_change(&mut servers, change, entry)))
+            .map(|(change, entry)| Arc::new(apply_change(&mut servers, &mut access, change, entry)))
             .collect();
         let last = changes
             .last()
             .map_or(current.revision, |c| c.change.revision);
         // The head first: a client that saw an event lists at least its revision.
         self.head
-            .send_replace(Arc::new(HeadView::new(last, servers)));
+            .send_replace(Arc::new(HeadView::new(last, servers, access)));
         if let Ok(mut recent) = self.recent.lock() {
             recent.push(&changes, last);
         }
@@ -410,13 +433,34 @@ impl Pump {
     }
 }
 
-/// Applies one change to `servers`; an upsert's `entry` is its history row,
-/// from which the record is rebuilt as a read returns it.
+/// Applies one change to `servers` or `access`; an upsert's `entry` is its
+/// history row, from which the record is rebuilt as a read returns it.
 fn apply_change(
     servers: &mut BTreeMap<String, Arc<StoredServer>>,
+    access: &mut AccessMap,
     change: Change,
-    entry: Option<HistoryEntry>,
+    entry: Option<Entry>,
 ) -> FeedChange {
+    if let Some(kind) = change.access {
+        let key = (kind, change.server_id.clone());
+        let record = match entry {
+            Some(Entry::Access(entry)) => access_record(access.get(&key), &change, *entry),
+            _ => None,
+        };
+        match &record {
+            Some(record) => access.insert(key, record.clone()),
+            None => access.remove(&key),
+        };
+        return FeedChange {
+            change,
+            server: None,
+            access: record,
+        };
+    }
+    let entry = match entry {
+        Some(Entry::Server(entry)) => Some(*entry),
+        _ => None,
+    };
     let server = match entry.and_then(|entry| entry.spec.map(|spec| (spec, entry.source))) {
         Some((spec, source)) => {
             // A record created again after a delete starts over.
@@ -439,7 +483,27 @@ fn apply_change(
             None
         }
     };
-    FeedChange { change, server }
+    FeedChange {
+        change,
+        server,
+        access: None,
+    }
+}
+
+/// The access record an upsert left, as a read returns it.
+fn access_record(
+    held: Option<&Arc<StoredAccess>>,
+    change: &Change,
+    entry: AccessHistoryEntry,
+) -> Option<Arc<StoredAccess>> {
+    Some(Arc::new(StoredAccess {
+        spec: entry.spec?,
+        revision: change.revision,
+        created_at: held.map_or(change.at, |held| held.created_at),
+        updated_at: change.at,
+        updated_by: change.actor.clone(),
+        source: entry.source,
+    }))
 }
 
 struct Watcher {
@@ -539,9 +603,21 @@ impl Watcher {
                 ))));
             }
             for change in page {
+                // Access records are always carried: a worker has no other
+                // way to read one.
+                let access = if change.access.is_some() {
+                    match entry_of(self.store.as_ref(), &change).await {
+                        Ok(Some(Entry::Access(entry))) => access_record(None, &change, *entry),
+                        Ok(_) => None,
+                        Err(err) => return Err(Stop::Error(err.into())),
+                    }
+                } else {
+                    None
+                };
                 self.send_change(Arc::new(FeedChange {
                     change,
                     server: None,
+                    access,
                 }))
                 .await?;
             }

@@ -53,7 +53,7 @@ impl GrpcService {
             .metadata()
             .get("authorization")
             .and_then(|value| value.to_str().ok());
-        let role = self.state.auth.authenticate(header)?;
+        let (role, _) = self.state.authenticate_token(header)?;
         role.require(needed)?;
         Ok(role)
     }
@@ -67,6 +67,37 @@ impl GrpcService {
             "api",
         )
     }
+}
+
+/// Most key uses one status report may carry.
+const MAX_KEY_USES: usize = 10_000;
+
+/// The API key uses of a status report, checked.
+fn key_uses(
+    uses: Vec<pb::ApiKeyUse>,
+) -> Result<Vec<(String, chrono::DateTime<chrono::Utc>)>, RegistryError> {
+    if uses.len() > MAX_KEY_USES {
+        return Err(RegistryError::invalid(
+            "key_uses",
+            format!("at most {MAX_KEY_USES} per report, got {}", uses.len()),
+        ));
+    }
+    uses.into_iter()
+        .enumerate()
+        .map(|(at, used)| {
+            let when = used
+                .last_used_at
+                .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
+                .ok_or_else(|| {
+                    RegistryError::invalid(
+                        format!("key_uses[{at}].last_used_at"),
+                        "missing or out of range",
+                    )
+                })?;
+            // A worker's clock cannot move a key's use into the future.
+            Ok((used.key_id, when.min(chrono::Utc::now())))
+        })
+        .collect()
 }
 
 fn health_state(state: i32) -> &'static str {
@@ -106,7 +137,7 @@ async fn encoded_list(
         let header = headers
             .get("authorization")
             .and_then(|value| value.to_str().ok());
-        let role = state.auth.authenticate(header)?;
+        let (role, _) = state.authenticate_token(header)?;
         role.require(Need::Reader)?;
         Ok::<_, RegistryError>((role, state.feed.head().await?))
     }
@@ -187,11 +218,20 @@ fn masked_list(head: &crate::head::HeadView) -> pb::ListMcpServersResponse {
             .values()
             .map(|server| (&masked(server.as_ref().clone())).into())
             .collect(),
+        // Who may call is for the worker and admin credentials only.
+        access: Vec::new(),
     }
 }
 
-/// A watch event with its record masked.
+/// A watch event with its record masked; an access change shows only
+/// that the revision moved.
 fn masked_change(change: &crate::feed::FeedChange) -> pb::WatchMcpServersResponse {
+    if change.change.access.is_some() {
+        return pb::WatchMcpServersResponse {
+            revision: change.change.revision,
+            ..Default::default()
+        };
+    }
     let mut message = pb::WatchMcpServersResponse::from(&change.change);
     if let Some(server) = &change.server {
         message
@@ -371,7 +411,15 @@ impl McpRegistryService for GrpcService {
         request: Request<pb::ReportWorkerStatusRequest>,
     ) -> Result<Response<pb::ReportWorkerStatusResponse>, Status> {
         self.role(&request, Need::Worker)?;
-        let report = request.into_inner();
+        let mut report = request.into_inner();
+        let uses = key_uses(std::mem::take(&mut report.key_uses))?;
+        if !uses.is_empty() {
+            self.state
+                .store
+                .touch_api_keys(&uses)
+                .await
+                .map_err(RegistryError::from)?;
+        }
         // From memory: a report per worker every few seconds costs no read.
         let head_revision = self.state.feed.known_revision();
         self.state.workers.report(

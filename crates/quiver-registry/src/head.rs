@@ -11,8 +11,12 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use quiver_model::StoredServer;
+use quiver_model::access::{AccessKind, StoredAccess};
 use quiver_proto::v1 as pb;
 use serde::Serialize;
+
+/// Access records by kind and name.
+pub type AccessMap = BTreeMap<(AccessKind, String), Arc<StoredAccess>>;
 
 /// Every record as of `revision`; immutable once published.
 #[derive(Debug, Default)]
@@ -21,28 +25,54 @@ pub struct HeadView {
     pub revision: u64,
     /// Every record, by id.
     pub servers: BTreeMap<String, Arc<StoredServer>>,
+    /// Every access record, by kind and name.
+    pub access: AccessMap,
     grpc: OnceLock<Bytes>,
     rest: [OnceLock<Bytes>; 2],
 }
 
 impl HeadView {
-    /// A view of `servers` as of `revision`.
-    pub fn new(revision: u64, servers: BTreeMap<String, Arc<StoredServer>>) -> Self {
+    /// A view of `servers` and `access` as of `revision`.
+    pub fn new(
+        revision: u64,
+        servers: BTreeMap<String, Arc<StoredServer>>,
+        access: AccessMap,
+    ) -> Self {
         HeadView {
             revision,
             servers,
+            access,
             grpc: OnceLock::new(),
             rest: [OnceLock::new(), OnceLock::new()],
         }
     }
 
     /// A view of a store's list.
-    pub fn from_list(revision: u64, servers: Vec<StoredServer>) -> Self {
-        let servers = servers
+    pub fn from_list(listed: quiver_store::Snapshot) -> Self {
+        let servers = listed
+            .servers
             .into_iter()
             .map(|s| (s.spec.server_id.clone(), Arc::new(s)))
             .collect();
-        HeadView::new(revision, servers)
+        let access = listed
+            .access
+            .into_iter()
+            .map(|a| ((a.spec.kind(), a.spec.name().to_owned()), Arc::new(a)))
+            .collect();
+        HeadView::new(listed.revision, servers, access)
+    }
+
+    /// One access record.
+    pub fn access_record(&self, kind: AccessKind, name: &str) -> Option<&Arc<StoredAccess>> {
+        self.access.get(&(kind, name.to_owned()))
+    }
+
+    /// The access records of one kind, by name.
+    pub fn access_of(&self, kind: AccessKind) -> impl Iterator<Item = &Arc<StoredAccess>> {
+        self.access
+            .range((kind, String::new())..)
+            .take_while(move |((k, _), _)| *k == kind)
+            .map(|(_, record)| record)
     }
 
     /// The `ListMcpServersResponse` message, encoded once.
@@ -58,12 +88,13 @@ impl HeadView {
             .clone()
     }
 
-    /// The `ListMcpServersResponse` message (not cached: prefer
-    /// [`Self::grpc_list`]).
+    /// The `ListMcpServersResponse` message with the access records (not
+    /// cached: prefer [`Self::grpc_list`]).
     pub fn list_message(&self) -> pb::ListMcpServersResponse {
         pb::ListMcpServersResponse {
             revision: self.revision,
             servers: self.servers.values().map(|s| s.as_ref().into()).collect(),
+            access: self.access.values().map(|a| a.as_ref().into()).collect(),
         }
     }
 
@@ -147,7 +178,7 @@ mod tests {
             .into_iter()
             .map(|s| (s.spec.server_id.clone(), Arc::new(s)))
             .collect();
-        let view = HeadView::new(2, servers);
+        let view = HeadView::new(2, servers, AccessMap::new());
         let grpc = view.grpc_list();
         let decoded: pb::ListMcpServersResponse = prost::Message::decode(grpc.clone()).unwrap();
         assert_eq!(decoded, view.list_message());

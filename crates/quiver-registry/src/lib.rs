@@ -1,18 +1,23 @@
 //! The Quiver control plane: the gRPC `McpRegistryService`, the change feed
 //! that fans revisions out to watchers, the REST admin API, worker status
-//! reports and `mcp.d` reconciliation, over a [`quiver_store::Store`].
+//! reports and `mcp.d` / `policies.d` reconciliation, over a
+//! [`quiver_store::Store`].
 
+pub mod access;
 pub mod approvals;
 pub mod auth;
 pub mod error;
+pub mod explain;
 pub mod feed;
 pub mod grpc;
 pub mod head;
 pub mod oauth;
+pub mod policies_dir;
 pub mod preview;
 pub mod rest;
 mod server;
 pub mod sessions;
+pub mod signin;
 pub mod state;
 pub mod web;
 pub mod workers;

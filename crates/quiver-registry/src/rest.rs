@@ -45,7 +45,8 @@ use crate::auth::{Need, Role};
 use crate::error::RegistryError;
 use crate::preview::{self, EvaluateRequest};
 use crate::state::{
-    AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery, RegistryState, RescanOutcome, actor_name,
+    AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery, DirRescan, RegistryState, RescanOutcome,
+    actor_name,
 };
 use crate::workers::WorkerListing;
 
@@ -78,6 +79,7 @@ pub fn router() -> Router<RegistryState> {
         .route("/workers", get(list_workers))
         .route("/audit", get(audit))
         .merge(crate::approvals::router())
+        .merge(crate::access::router())
         .merge(crate::oauth::rest::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -199,6 +201,11 @@ fn form_decoded(text: &str) -> Option<String> {
 pub(crate) struct Caller {
     pub(crate) role: Role,
     pub(crate) actor: String,
+    /// `key:<id>` or `oidc:<issuer>#<sub>` when the credential names one.
+    pub(crate) principal: Option<String>,
+    /// `token`, `key`, `oidc` (a bearer JWT) or `session` (the web admin's
+    /// cookie).
+    pub(crate) via: &'static str,
 }
 
 impl Caller {
@@ -262,9 +269,9 @@ macro_rules! requirement {
                 parts: &mut Parts,
                 state: &RegistryState,
             ) -> Result<Self, Self::Rejection> {
-                let (role, actor) = http_identity(parts, state)?;
-                role.require($need)?;
-                Ok($name(Caller { role, actor }))
+                let caller = http_identity(parts, state).await?;
+                caller.role.require($need)?;
+                Ok($name(caller))
             }
         }
     };
@@ -305,7 +312,7 @@ requirement!(
 
 /// Any authenticated caller, whatever its role: the extractor of `whoami`,
 /// which the web admin signs in with.
-pub(crate) struct AnyRole(Role);
+pub(crate) struct AnyRole(Caller);
 
 impl FromRequestParts<RegistryState> for AnyRole {
     type Rejection = RegistryError;
@@ -314,26 +321,55 @@ impl FromRequestParts<RegistryState> for AnyRole {
         parts: &mut Parts,
         state: &RegistryState,
     ) -> Result<Self, Self::Rejection> {
-        let (role, _) = http_identity(parts, state)?;
-        Ok(AnyRole(role))
+        Ok(AnyRole(http_identity(parts, state).await?))
     }
 }
 
-/// The role of an HTTP request's Bearer token, and who acts: the
-/// `x-quiver-actor` header, else the name of the token's kind.
-pub fn http_identity(
+/// Who sends an HTTP request: a configured token, an API key or a JWT of
+/// an identity provider (`Authorization: Bearer`), else a web admin
+/// session cookie. Who acts is the principal when the credential names one
+/// (audit names it, not a claimed actor), else the `x-quiver-actor` header,
+/// else the name of the token's kind.
+pub(crate) async fn http_identity(
     parts: &Parts,
     state: &RegistryState,
-) -> Result<(Role, String), RegistryError> {
+) -> Result<Caller, RegistryError> {
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let role = state
-        .auth
-        .authenticate(header(header::AUTHORIZATION.as_str()))?;
-    Ok((role, actor_name(header(ACTOR_HEADER), role.as_str())))
+    let authorization = header(header::AUTHORIZATION.as_str());
+    let (role, principal, via) = match authorization {
+        None => match crate::signin::session_person(&state.signin, &parts.method, &parts.headers) {
+            Some(person) => {
+                let person = person?;
+                (person.role, Some(person.principal), "session")
+            }
+            None => {
+                let (role, principal) = state.authenticate(None).await?;
+                (role, principal, "token")
+            }
+        },
+        Some(_) => {
+            let (role, principal) = state.authenticate(authorization).await?;
+            let via = match principal.as_deref() {
+                Some(p) if p.starts_with("key:") => "key",
+                Some(_) => "oidc",
+                None => "token",
+            };
+            (role, principal, via)
+        }
+    };
+    let actor = principal
+        .clone()
+        .unwrap_or_else(|| actor_name(header(ACTOR_HEADER), role.as_str()));
+    Ok(Caller {
+        role,
+        actor,
+        principal,
+        via,
+    })
 }
 
 /// `?expected_revision=N` or `If-Match: "N"`; the query string wins.
-fn expected_revision(
+pub(crate) fn expected_revision(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Option<u64>, RegistryError> {
@@ -364,7 +400,7 @@ fn body_text(body: &Bytes) -> Result<&str, RegistryError> {
     })
 }
 
-fn with_etag(status: StatusCode, revision: u64, body: Value) -> Response {
+pub(crate) fn with_etag(status: StatusCode, revision: u64, body: Value) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if let Ok(etag) = HeaderValue::from_str(&format!("\"{revision}\"")) {
         response.headers_mut().insert(header::ETAG, etag);
@@ -385,8 +421,13 @@ fn upsert_response(outcome: UpsertOutcome, masked: bool) -> Response {
     with_etag(status, server.revision, body)
 }
 
-async fn whoami(AnyRole(role): AnyRole) -> Response {
-    axum::Json(json!({"role": role.as_str()})).into_response()
+async fn whoami(AnyRole(caller): AnyRole) -> Response {
+    axum::Json(json!({
+        "role": caller.role.as_str(),
+        "principal": caller.principal,
+        "via": caller.via,
+    }))
+    .into_response()
 }
 
 async fn list_servers(
@@ -748,9 +789,33 @@ async fn rescan(
     _caller: RequireEditor,
     State(state): State<RegistryState>,
 ) -> Result<Response, RegistryError> {
-    let RescanOutcome { scan, report } = state.rescan().await?;
-    Ok(axum::Json(json!({
-        "records": scan.records.iter().map(|r| json!({"server_id": r.spec.server_id, "file": r.file})).collect::<Vec<_>>(),
+    let RescanOutcome { mcp, policies } = state.rescan().await?;
+    // mcp.d's outcome at the top level, as before policies.d existed.
+    let mut body = mcp.map_or_else(
+        || json!({}),
+        |mcp| {
+            let records = mcp
+                .scan
+                .records
+                .iter()
+                .map(|r| json!({"server_id": r.spec.server_id, "file": r.file}))
+                .collect();
+            rescan_json(&mcp, records, "server_id")
+        },
+    );
+    if let Some(policies) = policies {
+        let records = crate::policies_dir::records_json(&policies);
+        body["policies"] = rescan_json(&policies, records, "record");
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+/// One directory's rescan: its `records`, file `errors`, `warnings`, the
+/// counts, and the `failed` writes with the record under `failed_key`.
+fn rescan_json<R>(rescan: &DirRescan<R>, records: Vec<Value>, failed_key: &str) -> Value {
+    let DirRescan { scan, report } = rescan;
+    json!({
+        "records": records,
         "errors": scan.errors.iter().map(|e| json!({"file": e.file, "message": e.message, "fields": e.fields})).collect::<Vec<_>>(),
         "warnings": scan.warnings,
         "created": report.created,
@@ -759,9 +824,8 @@ async fn rescan(
         "unchanged": report.unchanged,
         "skipped": report.skipped,
         "kept": report.kept,
-        "failed": report.failed.iter().map(|(id, err)| json!({"server_id": id, "error": err})).collect::<Vec<_>>(),
-    }))
-    .into_response())
+        "failed": report.failed.iter().map(|(record, err)| json!({failed_key: record, "error": err})).collect::<Vec<_>>(),
+    })
 }
 
 /// Connects to the record's server from the registry and previews its tools

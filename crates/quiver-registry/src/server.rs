@@ -28,7 +28,7 @@ use crate::feed::{ChangeFeed, FeedOptions};
 use crate::grpc::{GrpcApprovalService, GrpcOAuthService, GrpcService};
 use crate::oauth::broker::OAuthBroker;
 use crate::oauth::seal::Keyring;
-use crate::state::{McpDir, PreviewEnv, RegistryState};
+use crate::state::{BootstrapDir, PreviewEnv, RegistryState};
 
 /// Default of [`RegistryOptions::grpc_listen`]: loopback, the protocol's port.
 pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(
@@ -50,9 +50,12 @@ pub struct RegistryOptions {
     /// Credentials.
     pub auth: AuthConfig,
     /// `mcp.d` directory reconciled at start-up and on rescans.
-    pub mcp_dir: Option<McpDir>,
-    /// Periodic rescan of `mcp.d`; `None` disables the timer (SIGHUP and the
-    /// REST action still work).
+    pub mcp_dir: Option<BootstrapDir>,
+    /// `policies.d` directory reconciled at start-up and on rescans, after
+    /// `mcp.d`.
+    pub policies_dir: Option<BootstrapDir>,
+    /// Periodic rescan of `mcp.d` and `policies.d`; `None` disables the
+    /// timer (SIGHUP and the REST action still work).
     pub rescan_interval: Option<Duration>,
     /// Watch fan-out tuning (heartbeat period, in-memory ring size).
     pub feed: FeedOptions,
@@ -142,6 +145,7 @@ impl Default for RegistryOptions {
             http_listen: DEFAULT_HTTP_LISTEN,
             auth: AuthConfig::default(),
             mcp_dir: None,
+            policies_dir: None,
             rescan_interval: Some(Duration::from_secs(30)),
             feed: FeedOptions::default(),
             change_log_retention: Some(100_000),
@@ -172,7 +176,7 @@ pub enum ServeError {
     /// The credential configuration is refused.
     #[error(transparent)]
     Auth(#[from] AuthConfigError),
-    /// The store or the initial `mcp.d` reconcile failed.
+    /// The store or the initial `mcp.d` / `policies.d` reconcile failed.
     #[error("{0}")]
     Startup(#[from] RegistryError),
     /// A server failed while running.
@@ -198,7 +202,8 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 
 impl Registry {
     /// Binds the listeners, checks credentials, starts the change feed and
-    /// reconciles `mcp.d` once (a strict-mode error stops start-up).
+    /// reconciles `mcp.d` and `policies.d` once (a strict-mode error stops
+    /// start-up).
     pub async fn start(
         store: Arc<dyn Store>,
         options: RegistryOptions,
@@ -232,8 +237,11 @@ impl Registry {
         )
         .with_egress(options.preview_egress.clone())
         .map_err(|err| ServeError::Serve(format!("oauth broker: {err}")))?;
+        let signin = crate::signin::SignIn::new(options.oauth.keyring.clone(), &public_url);
         let state = RegistryState::new(store, feed, auth, options.mcp_dir.clone())
+            .with_policies_dir(options.policies_dir.clone())
             .with_oauth(oauth)
+            .with_signin(signin)
             .with_preview_env(options.preview_env.clone())
             .with_preview_egress(options.preview_egress.clone())
             .with_worker_board(options.workers.clone())
@@ -242,7 +250,7 @@ impl Registry {
                 options.approvals.max_pending_per_caller,
                 options.approvals.retention,
             );
-        if state.has_mcp_dir() {
+        if state.has_bootstrap_dir() {
             state.rescan().await?;
         }
         Ok(Registry {
@@ -376,6 +384,7 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
     Router::new()
         .nest("/admin/api", crate::rest::router())
         .route("/admin/oauth/callback", get(crate::oauth::rest::callback))
+        .merge(crate::signin::router())
         .merge(crate::web::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -413,7 +422,7 @@ async fn readyz(State(state): State<RegistryState>) -> Response {
 }
 
 fn spawn_rescans(state: &RegistryState, interval: Option<Duration>, shutdown: CancellationToken) {
-    if !state.has_mcp_dir() {
+    if !state.has_bootstrap_dir() {
         return;
     }
     let state = state.clone();
@@ -434,12 +443,12 @@ fn spawn_rescans(state: &RegistryState, interval: Option<Duration>, shutdown: Ca
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 Some(()) = async { match &mut hangup { Some(s) => s.recv().await, None => std::future::pending().await } } => {
-                    tracing::info!("SIGHUP: rescanning mcp.d");
+                    tracing::info!("SIGHUP: rescanning mcp.d and policies.d");
                 }
                 _ = async { match &mut timer { Some(t) => t.tick().await, None => std::future::pending().await } } => {}
             }
             if let Err(err) = state.rescan().await {
-                tracing::error!(error = %err, "mcp.d rescan failed; keeping the current records");
+                tracing::error!(error = %err, "rescan failed; keeping the current records");
             }
         }
     });

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use quiver_bootstrap::{ApplyReport, Scan};
+use quiver_bootstrap::{ApplyReport, FileRecord, Scan};
 use quiver_mcp::launch::{EnvLookup, process_env};
 use quiver_model::{ChangeKind, HistoryEntry, McpServerSpec, Source, Strictness};
 use quiver_store::{DeleteRequest, HistoryPage, HistoryRow, Store, UpsertOutcome, UpsertRequest};
@@ -205,9 +205,10 @@ fn audit_entry(row: HistoryRow) -> AuditEntry {
     }
 }
 
-/// The `mcp.d` directory the registry reconciles from.
+/// A directory of record files the registry reconciles from: `mcp.d`
+/// (servers) or `policies.d` (policies and identity providers).
 #[derive(Debug, Clone)]
-pub struct McpDir {
+pub struct BootstrapDir {
     /// Directory path.
     pub path: PathBuf,
     /// Unknown fields and invalid files: errors (strict) or skipped with warnings.
@@ -225,7 +226,8 @@ pub struct RegistryState {
     pub auth: Authenticator,
     /// Worker status reports.
     pub workers: WorkerBoard,
-    mcp_dir: Option<McpDir>,
+    mcp_dir: Option<BootstrapDir>,
+    policies_dir: Option<BootstrapDir>,
     /// Serialises rescans (SIGHUP, timer and REST may overlap).
     rescan_lock: Arc<Mutex<()>>,
     preview_timeout: Duration,
@@ -236,6 +238,8 @@ pub struct RegistryState {
     approval_retention: Duration,
     /// OAuth connections and their tokens (docs/reference.md §13.6).
     pub oauth: OAuthBroker,
+    /// People signing in with the registry's identity providers.
+    pub signin: Arc<crate::signin::SignIn>,
 }
 
 /// Where a tool preview's `${ENV:…}` references and the stdio child's base
@@ -255,11 +259,20 @@ impl std::fmt::Debug for PreviewEnv {
     }
 }
 
-/// Result of one `mcp.d` rescan.
+/// Result of one rescan: each configured directory's.
 #[derive(Debug)]
 pub struct RescanOutcome {
+    /// `mcp.d`'s, when configured.
+    pub mcp: Option<DirRescan>,
+    /// `policies.d`'s, when configured.
+    pub policies: Option<DirRescan<quiver_bootstrap::policies::AccessFileRecord>>,
+}
+
+/// Result of one directory's rescan.
+#[derive(Debug)]
+pub struct DirRescan<R = FileRecord> {
     /// What the scan found (records, per-file errors, warnings).
-    pub scan: Scan,
+    pub scan: Scan<R>,
     /// What was written.
     pub report: ApplyReport,
 }
@@ -270,7 +283,7 @@ impl RegistryState {
         store: Arc<dyn Store>,
         feed: ChangeFeed,
         auth: Authenticator,
-        mcp_dir: Option<McpDir>,
+        mcp_dir: Option<BootstrapDir>,
     ) -> Self {
         RegistryState {
             store: store.clone(),
@@ -278,6 +291,7 @@ impl RegistryState {
             auth,
             workers: WorkerBoard::default(),
             mcp_dir,
+            policies_dir: None,
             rescan_lock: Arc::new(Mutex::new(())),
             preview_timeout: PREVIEW_TIMEOUT,
             preview_env: PreviewEnv::default(),
@@ -286,7 +300,14 @@ impl RegistryState {
             approval_max_pending: crate::approvals::DEFAULT_MAX_PENDING_PER_CALLER,
             approval_retention: crate::approvals::DEFAULT_APPROVAL_RETENTION,
             oauth: OAuthBroker::new(store, None, String::new(), String::new()),
+            signin: Arc::new(crate::signin::SignIn::new(None, "http://localhost")),
         }
+    }
+
+    /// The same state reconciling `dir` as `policies.d` too.
+    pub fn with_policies_dir(mut self, dir: Option<BootstrapDir>) -> Self {
+        self.policies_dir = dir;
+        self
     }
 
     /// The same state with another OAuth broker (the default one has no
@@ -437,6 +458,60 @@ impl RegistryState {
         }
     }
 
+    /// The role of an `authorization` header value and, for an API key,
+    /// its principal (`key:<id>`): a configured token first, then a live
+    /// API key with roles (from the in-memory head: no database read). The
+    /// gRPC API's credentials.
+    pub fn authenticate_token(
+        &self,
+        authorization: Option<&str>,
+    ) -> Result<(Role, Option<String>), RegistryError> {
+        match self.auth.authenticate(authorization) {
+            Ok(role) => Ok((role, None)),
+            Err(RegistryError::Unauthenticated) => {
+                let token = quiver_model::token::bearer(authorization)
+                    .ok_or(RegistryError::Unauthenticated)?;
+                let head = self.feed.current_head();
+                crate::access::key_role(&head, token)
+                    .map(|(role, principal)| (role, Some(principal)))
+                    .ok_or(RegistryError::Unauthenticated)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// [`Self::authenticate_token`], then a JWT of one of the registry's
+    /// identity providers, whose rules give the roles (its principal
+    /// `oidc:<issuer>#<sub>`). The REST API's bearer credentials.
+    pub async fn authenticate(
+        &self,
+        authorization: Option<&str>,
+    ) -> Result<(Role, Option<String>), RegistryError> {
+        let refused = match self.authenticate_token(authorization) {
+            Err(RegistryError::Unauthenticated) => RegistryError::Unauthenticated,
+            other => return other,
+        };
+        let token = quiver_model::token::bearer(authorization).ok_or(refused)?;
+        if !quiver_identity::verify::looks_like_jwt(token) {
+            return Err(RegistryError::Unauthenticated);
+        }
+        let head = self.feed.current_head();
+        match self.signin.bearer(&head, token).await {
+            Some(person) => {
+                let person = person?;
+                Ok((person.role, Some(person.principal)))
+            }
+            None => Err(RegistryError::Unauthenticated),
+        }
+    }
+
+    /// People sign in with the registry's identity providers through
+    /// `signin` (its cookies sealed by the OAuth keyring, when configured).
+    pub fn with_signin(mut self, signin: crate::signin::SignIn) -> Self {
+        self.signin = Arc::new(signin);
+        self
+    }
+
     /// Upserts with audit logging and metrics.
     pub async fn upsert(&self, request: UpsertRequest) -> Result<UpsertOutcome, RegistryError> {
         let outcome = self
@@ -544,12 +619,33 @@ impl RegistryState {
         })
     }
 
-    /// Reconciles the store with the `mcp.d` directory.
+    /// Reconciles the store with the `mcp.d` directory, then the
+    /// `policies.d` one (each that is configured). Both run even when the
+    /// first fails; the first error is returned.
     pub async fn rescan(&self) -> Result<RescanOutcome, RegistryError> {
-        let dir = self.mcp_dir.as_ref().ok_or_else(|| {
-            RegistryError::FailedPrecondition("no mcp.d directory is configured (--mcp-dir)".into())
-        })?;
+        if !self.has_bootstrap_dir() {
+            return Err(RegistryError::FailedPrecondition(
+                "no mcp.d or policies.d directory is configured (--mcp-dir, --policies-dir)".into(),
+            ));
+        }
         let _serialised = self.rescan_lock.lock().await;
+        let mcp = match &self.mcp_dir {
+            Some(dir) => self.rescan_mcp(dir).await.map(Some),
+            None => Ok(None),
+        };
+        let policies = match &self.policies_dir {
+            Some(dir) => crate::policies_dir::reconcile(self.store.as_ref(), dir)
+                .await
+                .map(Some),
+            None => Ok(None),
+        };
+        Ok(RescanOutcome {
+            mcp: mcp?,
+            policies: policies?,
+        })
+    }
+
+    async fn rescan_mcp(&self, dir: &BootstrapDir) -> Result<DirRescan, RegistryError> {
         let (scan, report) = quiver_bootstrap::reconcile(
             self.store.as_ref(),
             &dir.path,
@@ -561,12 +657,12 @@ impl RegistryState {
         // `quiver_bootstrap::reconcile` logged the outcome (at INFO when it
         // changed something).
         tracing::debug!(dir = %dir.path.display(), report = %report, "mcp.d rescanned");
-        Ok(RescanOutcome { scan, report })
+        Ok(DirRescan { scan, report })
     }
 
-    /// Whether an `mcp.d` directory is configured.
-    pub fn has_mcp_dir(&self) -> bool {
-        self.mcp_dir.is_some()
+    /// Whether an `mcp.d` or `policies.d` directory is configured.
+    pub fn has_bootstrap_dir(&self) -> bool {
+        self.mcp_dir.is_some() || self.policies_dir.is_some()
     }
 }
 

@@ -48,6 +48,7 @@ const ASSETS: &[Asset] = &[
     asset!("favicon.svg"),
     asset!("js/api.js"),
     asset!("js/app.js"),
+    asset!("js/access.js"),
     asset!("js/approvals.js"),
     asset!("js/diff.js"),
     asset!("js/dom.js"),

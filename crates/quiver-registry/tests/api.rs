@@ -405,6 +405,7 @@ async fn worker_reports_are_listed() {
                 tool_count: Some(3),
                 ..Default::default()
             }],
+            key_uses: vec![],
         })
         .await
         .unwrap()

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::{ADMIN, TestRegistry, WORKER, spec};
+use quiver_model::access::{AccessKind, StoredAccess};
 use quiver_model::approval::{
     Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
 };
@@ -19,6 +20,7 @@ use quiver_model::{Change, HistoryEntry, StoredServer};
 use quiver_proto::credentials::Credentials;
 use quiver_proto::v1 as pb;
 use quiver_registry::Registry;
+use quiver_store::{AccessDelete, AccessHistoryEntry, AccessOutcome, AccessPut};
 use quiver_store::{
     DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval, RequestedApproval,
     Snapshot, SqlStore, Store, StoreError, UpsertOutcome, UpsertRequest,
@@ -50,6 +52,7 @@ async fn database_list(store: &SqlStore) -> pb::ListMcpServersResponse {
     pb::ListMcpServersResponse {
         revision: snapshot.revision,
         servers: snapshot.servers.iter().map(Into::into).collect(),
+        access: snapshot.access.iter().map(Into::into).collect(),
     }
 }
 
@@ -244,6 +247,44 @@ impl Store for CountingStore {
     }
     async fn compact(&self, floor: u64) -> Result<Head, StoreError> {
         self.inner.compact(floor).await
+    }
+    async fn put_access(&self, request: AccessPut) -> Result<AccessOutcome, StoreError> {
+        self.inner.put_access(request).await
+    }
+    async fn delete_access(&self, request: AccessDelete) -> Result<u64, StoreError> {
+        self.inner.delete_access(request).await
+    }
+    async fn get_access(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Option<StoredAccess>, StoreError> {
+        self.read();
+        self.inner.get_access(kind, name).await
+    }
+    async fn access_history(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Vec<AccessHistoryEntry>, StoreError> {
+        self.read();
+        self.inner.access_history(kind, name).await
+    }
+    async fn access_at(&self, revision: u64) -> Result<Option<AccessHistoryEntry>, StoreError> {
+        self.read();
+        self.inner.access_at(revision).await
+    }
+    async fn touch_api_keys(
+        &self,
+        used: &[(String, chrono::DateTime<chrono::Utc>)],
+    ) -> Result<(), StoreError> {
+        self.inner.touch_api_keys(used).await
+    }
+    async fn api_keys_last_used(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>, StoreError> {
+        self.read();
+        self.inner.api_keys_last_used().await
     }
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.subscribe()

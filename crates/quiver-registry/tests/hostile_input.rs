@@ -303,6 +303,7 @@ fn report(worker_id: &str, servers: Vec<pb::ServerHealth>) -> pb::ReportWorkerSt
         snapshot_revision: 0,
         degraded: false,
         servers,
+        key_uses: vec![],
     }
 }
 

@@ -133,11 +133,17 @@ async fn whoami_names_the_role_of_the_token() {
     let path = "/admin/api/whoami";
     assert_eq!(
         rest(&r, Method::GET, path, Some(ADMIN), None).await,
-        (200, json!({"role": "admin"}))
+        (
+            200,
+            json!({"role": "admin", "principal": null, "via": "token"})
+        )
     );
     assert_eq!(
         rest(&r, Method::GET, path, Some(WORKER), None).await,
-        (200, json!({"role": "worker"}))
+        (
+            200,
+            json!({"role": "worker", "principal": null, "via": "token"})
+        )
     );
     for token in [None, Some("wrong")] {
         let (status, err) = rest(&r, Method::GET, path, token, None).await;
@@ -932,6 +938,7 @@ async fn workers_show_their_lag_behind_head() {
                     p50_latency_ms: Some(1.5),
                     session_connections: 4,
                 }],
+                key_uses: vec![],
             })
             .await
             .unwrap();

@@ -1,4 +1,6 @@
-//! The registry's durable, revisioned store of MCP server records (docs/reference.md §2).
+//! The registry's durable, revisioned store of MCP server records (docs/reference.md §2)
+//! and of access records (policies, API keys, identity providers; §12.2), which
+//! share the servers' revision space, change log and invariants.
 //!
 //! One [`Store`] trait, two backends: PostgreSQL (production, several registry
 //! replicas may share one database) and SQLite (embedded, zero setup). Both
@@ -18,12 +20,16 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use quiver_model::access::{AccessKind, AccessSpec, StoredAccess};
 use quiver_model::approval::{
     Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome,
 };
-use quiver_model::{Change, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer};
+use quiver_model::{
+    Change, ChangeKind, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer,
+};
 use tokio::sync::watch;
 
+mod access;
 mod approvals;
 mod oauth;
 mod postgres;
@@ -84,6 +90,36 @@ pub enum StoreError {
     /// message names the limit.
     #[error("limit reached: {0}")]
     Limit(String),
+    /// An access record names another that does not exist (a key's or a
+    /// rule's policy); nothing was written.
+    #[error("{field}: no such {kind} {name:?}")]
+    MissingReference {
+        /// The field naming it (`policy`, `rules[2].policy`).
+        field: String,
+        /// What it names.
+        kind: AccessKind,
+        /// The name.
+        name: String,
+    },
+    /// An access record is still named by others (a policy by keys or
+    /// identity provider rules); nothing was deleted.
+    #[error("{kind} {name:?} is still used by {}", .used_by.join(", "))]
+    InUse {
+        /// The record's kind.
+        kind: AccessKind,
+        /// Its name.
+        name: String,
+        /// Who names it: `api_key:<id>`, `identity_provider:<name>`.
+        used_by: Vec<String>,
+    },
+    /// No access record of this kind and name.
+    #[error("{kind} {name:?} not found")]
+    AccessNotFound {
+        /// The kind.
+        kind: AccessKind,
+        /// The name.
+        name: String,
+    },
     /// A batch ([`Store::apply`]) failed on the record at `index` (0-based);
     /// nothing of the batch was written.
     #[error("record {index}: {source}")]
@@ -102,6 +138,9 @@ pub struct Snapshot {
     pub revision: u64,
     /// Every stored record, ordered by `server_id`.
     pub servers: Vec<StoredServer>,
+    /// Every access record, ordered by kind (in [`AccessKind`]'s order:
+    /// policies, keys, providers) then name.
+    pub access: Vec<StoredAccess>,
 }
 
 /// The global revision and the change-log compaction floor.
@@ -203,6 +242,77 @@ pub struct HistoryRow {
     pub entry: HistoryEntry,
     /// The record's previous history row; `None` for its first revision.
     pub previous: Option<HistoryEntry>,
+}
+
+/// A create-or-replace of an access record.
+#[derive(Debug, Clone)]
+pub struct AccessPut {
+    /// The new content (its kind and name are its key).
+    pub spec: AccessSpec,
+    /// `Some(0)`: must not exist; `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who writes (audit).
+    pub actor: String,
+    /// Where the content comes from.
+    pub source: Source,
+}
+
+/// A delete of an access record.
+#[derive(Debug, Clone)]
+pub struct AccessDelete {
+    /// Its kind.
+    pub kind: AccessKind,
+    /// Its name within its kind.
+    pub name: String,
+    /// `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who deletes (audit).
+    pub actor: String,
+    /// Where the delete comes from.
+    pub source: Source,
+}
+
+/// What a put of an access record did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessOutcome {
+    /// It did not exist.
+    Created(StoredAccess),
+    /// It changed (new revision).
+    Updated(StoredAccess),
+    /// Identical content: nothing written, the stored record is returned.
+    Unchanged(StoredAccess),
+}
+
+impl AccessOutcome {
+    /// The record as stored after the put.
+    pub fn record(&self) -> &StoredAccess {
+        match self {
+            AccessOutcome::Created(r) | AccessOutcome::Updated(r) | AccessOutcome::Unchanged(r) => {
+                r
+            }
+        }
+    }
+}
+
+/// One revision of one access record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessHistoryEntry {
+    /// The revision.
+    pub revision: u64,
+    /// The record's kind.
+    pub access: AccessKind,
+    /// Its name within its kind.
+    pub name: String,
+    /// Upsert or delete.
+    pub kind: ChangeKind,
+    /// Full content as of this revision; `None` for deletes.
+    pub spec: Option<AccessSpec>,
+    /// Commit time.
+    pub at: DateTime<Utc>,
+    /// Who made it.
+    pub actor: String,
+    /// Where it came from.
+    pub source: Source,
 }
 
 /// A new approval request (docs/reference.md §13.7).
@@ -447,6 +557,39 @@ pub trait Store: Send + Sync + 'static {
     /// `page` says, each with the same record's previous row. History is
     /// never compacted, so this reaches back to revision 1.
     async fn history_page(&self, page: HistoryPage<'_>) -> Result<Vec<HistoryRow>, StoreError>;
+    /// Creates or replaces an access record (validated first) at the next
+    /// revision, with its change-log and history rows, in one transaction.
+    /// Refused with [`StoreError::MissingReference`] when it names a policy
+    /// that does not exist; identical content is a no-op.
+    async fn put_access(&self, request: AccessPut) -> Result<AccessOutcome, StoreError>;
+    /// Deletes an access record; returns the new revision. Refused with
+    /// [`StoreError::InUse`] for a policy that keys or provider rules name.
+    async fn delete_access(&self, request: AccessDelete) -> Result<u64, StoreError>;
+    /// One access record.
+    async fn get_access(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Option<StoredAccess>, StoreError>;
+    /// Every revision of one access record, newest first.
+    async fn access_history(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Vec<AccessHistoryEntry>, StoreError>;
+    /// The access history row of exactly `revision`, if that revision
+    /// changed an access record (the change feed reads each upsert's
+    /// content by it).
+    async fn access_at(&self, revision: u64) -> Result<Option<AccessHistoryEntry>, StoreError>;
+    /// Records that API keys were used (workers report it); each key's
+    /// `last_used_at` only moves forward. Not a revision: use is not
+    /// configuration. Unknown ids are ignored.
+    async fn touch_api_keys(&self, used: &[(String, DateTime<Utc>)]) -> Result<(), StoreError>;
+    /// When each API key was last used, by id (keys never used are absent).
+    async fn api_keys_last_used(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, DateTime<Utc>>, StoreError>;
+
     /// Change-log rows with revision > `after`, in order, at most `limit`.
     async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError>;
     /// Current head and compaction floor.

@@ -14,6 +14,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeZone, Utc};
+use quiver_model::access::{AccessKind, StoredAccess};
 use quiver_model::{
     Change, ChangeKind, FieldError, HistoryEntry, McpServerSpec, ModelError, Source, StoredServer,
     validate,
@@ -28,9 +29,9 @@ use quiver_model::approval::{
 };
 
 use crate::{
-    DecideOutcome, DeleteRequest, Head, HistoryPage, HistoryRow, NewApproval,
-    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens, RequestedApproval, SecretUpdate,
-    Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest,
+    AccessDelete, AccessHistoryEntry, AccessOutcome, AccessPut, DecideOutcome, DeleteRequest, Head,
+    HistoryPage, HistoryRow, NewApproval, OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens,
+    RequestedApproval, SecretUpdate, Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest,
 };
 
 /// The statements that differ between PostgreSQL and SQLite.
@@ -51,6 +52,12 @@ pub(crate) struct Dialect {
     pub select_servers: &'static str,
     /// Selects the history of one record ($1), newest first.
     pub select_history: &'static str,
+    /// Inserts or replaces an access record: ($1 kind, $2 name, $3 spec json,
+    /// $4 revision, $5 created, $6 updated, $7 by, $8 source).
+    pub put_access: &'static str,
+    /// Appends an access history row, with the parameters of
+    /// `insert_history` (the record's name as $1) and $8 its kind.
+    pub insert_access_history: &'static str,
     /// Appended to a JSON column to read it as text (`::text` on PostgreSQL).
     pub json_as_text: &'static str,
     /// A server-side function doing a whole upsert in one statement (see
@@ -69,10 +76,11 @@ pub(crate) struct Dialect {
 const SELECT_HEAD: &str = "SELECT revision, compaction_floor FROM registry_head WHERE id = 1";
 const SET_HEAD_REVISION: &str = "UPDATE registry_head SET revision = $1 WHERE id = 1";
 const SET_COMPACTION_FLOOR: &str = "UPDATE registry_head SET compaction_floor = $1 WHERE id = 1";
-const INSERT_CHANGE: &str = "INSERT INTO mcp_server_changes (revision, server_id, kind, at_ms, actor) VALUES ($1, $2, $3, $4, $5)";
+const INSERT_CHANGE: &str = "INSERT INTO mcp_server_changes (revision, server_id, kind, at_ms, actor, access_kind) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
 const DELETE_SERVER: &str = "DELETE FROM mcp_servers WHERE server_id = $1";
-const SELECT_CHANGES: &str = "SELECT revision, server_id, kind, at_ms, actor FROM mcp_server_changes \
-     WHERE revision > $1 ORDER BY revision LIMIT $2";
+const SELECT_CHANGES: &str = "SELECT revision, server_id, kind, at_ms, actor, access_kind \
+     FROM mcp_server_changes WHERE revision > $1 ORDER BY revision LIMIT $2";
 const COMPACT_CHANGES: &str = "DELETE FROM mcp_server_changes WHERE revision <= $1";
 
 /// A store over one SQL database. Implements [`Store`] for both backends.
@@ -113,6 +121,10 @@ impl SqlStore {
         &self.pool
     }
 
+    pub(crate) fn dialect(&self) -> &'static Dialect {
+        self.dialect
+    }
+
     /// Publishes a revision known to be committed (never moves backwards).
     pub(crate) fn head_sender(&self) -> watch::Sender<u64> {
         self.head_tx.clone()
@@ -140,26 +152,26 @@ where
     ))
 }
 
-fn to_u64(value: i64) -> Result<u64, StoreError> {
+pub(crate) fn to_u64(value: i64) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative revision {value}")))
 }
 
-fn to_i64(value: u64) -> Result<i64, StoreError> {
+pub(crate) fn to_i64(value: u64) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::Corrupt(format!("revision {value} out of range")))
 }
 
 /// A caller's "after revision N" as a bound parameter. No revision lies
 /// beyond [`crate::MAX_REVISION`], so a larger cursor asks for exactly what
 /// that one asks for (nothing): it is input, not corrupt data.
-fn cursor(after: u64) -> i64 {
+pub(crate) fn cursor(after: u64) -> i64 {
     i64::try_from(after).unwrap_or(i64::MAX)
 }
 
-fn millis(at: DateTime<Utc>) -> i64 {
+pub(crate) fn millis(at: DateTime<Utc>) -> i64 {
     at.timestamp_millis()
 }
 
-fn from_millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
+pub(crate) fn from_millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
     Utc.timestamp_millis_opt(ms)
         .single()
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} out of range")))
@@ -173,12 +185,12 @@ fn spec_to_json(spec: &McpServerSpec) -> Result<String, StoreError> {
     serde_json::to_string(spec).map_err(|err| StoreError::Corrupt(format!("record to json: {err}")))
 }
 
-fn source_from(text: &str) -> Result<Source, StoreError> {
+pub(crate) fn source_from(text: &str) -> Result<Source, StoreError> {
     text.parse()
         .map_err(|err: quiver_model::UnknownSource| StoreError::Corrupt(err.to_string()))
 }
 
-fn kind_from(text: &str) -> Result<ChangeKind, StoreError> {
+pub(crate) fn kind_from(text: &str) -> Result<ChangeKind, StoreError> {
     text.parse().map_err(StoreError::Corrupt)
 }
 
@@ -202,14 +214,22 @@ fn server_from_row(row: &AnyRow) -> Result<StoredServer, StoreError> {
     })
 }
 
+/// Columns as [`SELECT_CHANGES`] selects them.
 fn change_from_row(row: &AnyRow) -> Result<Change, StoreError> {
+    let access: Option<String> = row.try_get(5)?;
     Ok(Change {
         revision: to_u64(row.try_get(0)?)?,
         server_id: row.try_get(1)?,
         kind: kind_from(&row.try_get::<String, _>(2)?)?,
         at: from_millis(row.try_get(3)?)?,
         actor: row.try_get(4)?,
+        access: access.as_deref().map(access_kind_from).transpose()?,
     })
+}
+
+pub(crate) fn access_kind_from(text: &str) -> Result<AccessKind, StoreError> {
+    AccessKind::parse(text)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown access record kind {text:?}")))
 }
 
 /// Columns: revision, kind, spec (nullable), at_ms, actor, source.
@@ -270,15 +290,17 @@ fn history_row_from_row(row: &AnyRow) -> Result<HistoryRow, StoreError> {
     })
 }
 
-fn check_expected(
-    server_id: &str,
+/// Refuses a write whose `expected` revision is not the record's `current`
+/// one (`None`: it does not exist); `record` names it in the conflict.
+pub(crate) fn check_expected(
+    record: &str,
     expected: Option<u64>,
-    current: Option<&StoredServer>,
+    current: Option<u64>,
 ) -> Result<(), StoreError> {
-    let current_revision = current.map_or(0, |s| s.revision);
+    let current_revision = current.unwrap_or(0);
     match expected {
         Some(expected) if expected != current_revision => Err(StoreError::Conflict {
-            server_id: server_id.to_owned(),
+            server_id: record.to_owned(),
             expected,
             current: current_revision,
         }),
@@ -286,25 +308,36 @@ fn check_expected(
     }
 }
 
-type WriteTx = sqlx::Transaction<'static, sqlx::Any>;
+/// Whether a write of content identical to the stored content is a no-op:
+/// unless its source adopts identical records and differs from the stored
+/// one (a record moved between files changes owner).
+pub(crate) fn keeps_identical(stored: &Source, incoming: &Source) -> bool {
+    stored == incoming || !incoming.adopts_identical_record()
+}
+
+pub(crate) type WriteTx = sqlx::Transaction<'static, sqlx::Any>;
 
 /// The change-log and history rows of one revision.
-struct ChangeRow<'a> {
-    revision: u64,
-    server_id: &'a str,
-    kind: ChangeKind,
+pub(crate) struct ChangeRow<'a> {
+    pub revision: u64,
+    /// The server id, or the access record's name.
+    pub server_id: &'a str,
+    /// `Some` for an access record: its kind (the change-log column
+    /// `access_kind`, and the history goes to `access_history`).
+    pub access: Option<AccessKind>,
+    pub kind: ChangeKind,
     /// The record as of this revision; `None` for deletes.
-    spec_json: Option<String>,
-    at: DateTime<Utc>,
-    actor: &'a str,
-    source: &'a Source,
+    pub spec_json: Option<String>,
+    pub at: DateTime<Utc>,
+    pub actor: &'a str,
+    pub source: &'a Source,
 }
 
 impl SqlStore {
     /// Opens a write transaction holding the writer lock; returns it with
     /// the head revision and compaction floor. The queue turn (if any) must
     /// be held until the transaction ends.
-    async fn begin_write(
+    pub(crate) async fn begin_write(
         &self,
     ) -> Result<(WriteTx, (u64, u64), Option<MutexGuard<'_, ()>>), StoreError> {
         let (mut tx, turn) = self.begin_write_tx().await?;
@@ -341,7 +374,7 @@ impl SqlStore {
     }
 
     /// Appends the change-log and history rows of a change and moves head.
-    async fn record_change(
+    pub(crate) async fn record_change(
         &self,
         tx: &mut WriteTx,
         change: ChangeRow<'_>,
@@ -349,6 +382,7 @@ impl SqlStore {
         let ChangeRow {
             revision,
             server_id,
+            access,
             kind,
             spec_json,
             at,
@@ -366,18 +400,25 @@ impl SqlStore {
             .bind(kind.as_str())
             .bind(millis(at))
             .bind(actor.to_owned())
+            .bind(access.map(AccessKind::as_str))
             .execute(&mut **tx)
             .await?;
-        sqlx::query(self.dialect.insert_history)
+        let insert_history = match access {
+            None => self.dialect.insert_history,
+            Some(_) => self.dialect.insert_access_history,
+        };
+        let mut history = sqlx::query(insert_history)
             .bind(server_id.to_owned())
             .bind(rev)
             .bind(kind.as_str())
             .bind(spec_json)
             .bind(millis(at))
             .bind(actor.to_owned())
-            .bind(source.to_string())
-            .execute(&mut **tx)
-            .await?;
+            .bind(source.to_string());
+        if let Some(access) = access {
+            history = history.bind(access.as_str());
+        }
+        history.execute(&mut **tx).await?;
         Ok(())
     }
 
@@ -385,6 +426,31 @@ impl SqlStore {
         tx.commit().await?;
         publish_head(&self.head_tx, revision);
         Ok(())
+    }
+
+    /// Ends a write transaction with the `result` of its work: commits and
+    /// publishes the revision `written` finds in it, or rolls back when it
+    /// finds none (nothing was written) or the work failed. The caller
+    /// still holds its queue turn, so the rollback happens before the turn
+    /// is released, not lazily on drop.
+    pub(crate) async fn finish_write<T>(
+        &self,
+        tx: WriteTx,
+        result: Result<T, StoreError>,
+        written: impl FnOnce(&T) -> Option<u64>,
+    ) -> Result<T, StoreError> {
+        let value = match result {
+            Ok(value) => value,
+            Err(err) => {
+                tx.rollback().await?;
+                return Err(err);
+            }
+        };
+        match written(&value) {
+            Some(revision) => self.commit(tx, revision).await?,
+            None => tx.rollback().await?,
+        }
+        Ok(value)
     }
 }
 
@@ -401,13 +467,16 @@ impl SqlStore {
         let server_id = request.spec.server_id.clone();
         let spec_json = spec_to_json(&request.spec)?;
         let current = self.current(tx, &server_id).await?;
-        check_expected(&server_id, request.expected_revision, current.as_ref())?;
-        if let Some(current) = &current {
-            let same_owner =
-                current.source == request.source || !request.source.adopts_identical_record();
-            if current.spec == request.spec && same_owner {
-                return Ok(UpsertOutcome::Unchanged(current.clone()));
-            }
+        check_expected(
+            &server_id,
+            request.expected_revision,
+            current.as_ref().map(|c| c.revision),
+        )?;
+        if let Some(current) = &current
+            && current.spec == request.spec
+            && keeps_identical(&current.source, &request.source)
+        {
+            return Ok(UpsertOutcome::Unchanged(current.clone()));
         }
         let revision = head + 1;
         let now = Utc::now();
@@ -425,6 +494,7 @@ impl SqlStore {
         let change = ChangeRow {
             revision,
             server_id: &server_id,
+            access: None,
             kind: ChangeKind::Upsert,
             spec_json: Some(spec_json),
             at: now,
@@ -445,6 +515,43 @@ impl SqlStore {
             None => UpsertOutcome::Created(stored),
             Some(_) => UpsertOutcome::Updated(stored),
         })
+    }
+
+    /// The checks and writes of one delete inside a write transaction that
+    /// holds the writer lock, at `head`; returns the new revision. Writes
+    /// nothing when refused; the caller commits or rolls back.
+    async fn delete_in(
+        &self,
+        tx: &mut WriteTx,
+        head: u64,
+        request: &DeleteRequest,
+    ) -> Result<u64, StoreError> {
+        let current = self.current(tx, &request.server_id).await?;
+        check_expected(
+            &request.server_id,
+            request.expected_revision,
+            current.as_ref().map(|c| c.revision),
+        )?;
+        if current.is_none() {
+            return Err(StoreError::NotFound(request.server_id.clone()));
+        }
+        let revision = head + 1;
+        sqlx::query(DELETE_SERVER)
+            .bind(request.server_id.clone())
+            .execute(&mut **tx)
+            .await?;
+        let change = ChangeRow {
+            revision,
+            server_id: &request.server_id,
+            access: None,
+            kind: ChangeKind::Delete,
+            spec_json: None,
+            at: Utc::now(),
+            actor: &request.actor,
+            source: &request.source,
+        };
+        self.record_change(tx, change).await?;
+        Ok(revision)
     }
 
     /// One upsert as one call of [`Dialect::upsert_function`]: on its own
@@ -596,9 +703,14 @@ impl Store for SqlStore {
         let rows = sqlx::query(self.dialect.select_servers)
             .fetch_all(&mut *tx)
             .await?;
+        let access = crate::access::all_records(&mut *tx).await?;
         tx.commit().await?;
         let servers = rows.iter().map(server_from_row).collect::<Result<_, _>>()?;
-        Ok(Snapshot { revision, servers })
+        Ok(Snapshot {
+            revision,
+            servers,
+            access,
+        })
     }
 
     async fn get(&self, server_id: &str) -> Result<Option<StoredServer>, StoreError> {
@@ -624,22 +736,12 @@ impl Store for SqlStore {
             return Ok(outcome);
         }
         let (mut tx, (head, _), _turn) = self.begin_write().await?;
-        match self.upsert_in(&mut tx, head, request).await {
-            Ok(outcome @ UpsertOutcome::Unchanged(_)) => {
-                // Rolling back releases the writer lock; nothing was written.
-                tx.rollback().await?;
-                Ok(outcome)
-            }
-            Ok(outcome) => {
-                self.commit(tx, outcome.server().revision).await?;
-                Ok(outcome)
-            }
-            Err(err) => {
-                // Roll back before the queue turn is released, not lazily on drop.
-                tx.rollback().await?;
-                Err(err)
-            }
-        }
+        let result = self.upsert_in(&mut tx, head, request).await;
+        self.finish_write(tx, result, |outcome| match outcome {
+            UpsertOutcome::Unchanged(_) => None,
+            written => Some(written.server().revision),
+        })
+        .await
     }
 
     async fn apply(&self, requests: Vec<UpsertRequest>) -> Result<Vec<UpsertOutcome>, StoreError> {
@@ -662,37 +764,9 @@ impl Store for SqlStore {
 
     async fn delete(&self, request: DeleteRequest) -> Result<u64, StoreError> {
         let (mut tx, (head, _), _turn) = self.begin_write().await?;
-        let current = self.current(&mut tx, &request.server_id).await?;
-        let refused = match check_expected(
-            &request.server_id,
-            request.expected_revision,
-            current.as_ref(),
-        ) {
-            Err(conflict) => Some(conflict),
-            Ok(()) if current.is_none() => Some(StoreError::NotFound(request.server_id.clone())),
-            Ok(()) => None,
-        };
-        if let Some(err) = refused {
-            tx.rollback().await?;
-            return Err(err);
-        }
-        let revision = head + 1;
-        sqlx::query(DELETE_SERVER)
-            .bind(request.server_id.clone())
-            .execute(&mut *tx)
-            .await?;
-        let change = ChangeRow {
-            revision,
-            server_id: &request.server_id,
-            kind: ChangeKind::Delete,
-            spec_json: None,
-            at: Utc::now(),
-            actor: &request.actor,
-            source: &request.source,
-        };
-        self.record_change(&mut tx, change).await?;
-        self.commit(tx, revision).await?;
-        Ok(revision)
+        let result = self.delete_in(&mut tx, head, &request).await;
+        self.finish_write(tx, result, |revision| Some(*revision))
+            .await
     }
 
     async fn history(&self, server_id: &str) -> Result<Vec<HistoryEntry>, StoreError> {
@@ -720,6 +794,44 @@ impl Store for SqlStore {
         }
         let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
         rows.iter().map(history_row_from_row).collect()
+    }
+
+    async fn put_access(&self, request: AccessPut) -> Result<AccessOutcome, StoreError> {
+        self.access_put(request).await
+    }
+
+    async fn delete_access(&self, request: AccessDelete) -> Result<u64, StoreError> {
+        self.access_delete(request).await
+    }
+
+    async fn get_access(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Option<StoredAccess>, StoreError> {
+        self.access_get(kind, name).await
+    }
+
+    async fn access_history(
+        &self,
+        kind: AccessKind,
+        name: &str,
+    ) -> Result<Vec<AccessHistoryEntry>, StoreError> {
+        self.access_history_of(kind, name).await
+    }
+
+    async fn access_at(&self, revision: u64) -> Result<Option<AccessHistoryEntry>, StoreError> {
+        self.access_history_at(revision).await
+    }
+
+    async fn touch_api_keys(&self, used: &[(String, DateTime<Utc>)]) -> Result<(), StoreError> {
+        self.access_touch_api_keys(used).await
+    }
+
+    async fn api_keys_last_used(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, DateTime<Utc>>, StoreError> {
+        self.access_api_keys_last_used().await
     }
 
     async fn changes_since(&self, after: u64, limit: u32) -> Result<Vec<Change>, StoreError> {

@@ -30,6 +30,13 @@ static DIALECT: Dialect = Dialect {
          FROM mcp_servers ORDER BY server_id",
     select_history: "SELECT revision, kind, spec, at_ms, actor, source FROM mcp_server_history \
          WHERE server_id = $1 ORDER BY revision DESC",
+    put_access: "INSERT INTO access_records (kind, name, spec, revision, created_at_ms, updated_at_ms, updated_by, source) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (kind, name) DO UPDATE SET spec = excluded.spec, revision = excluded.revision, \
+         created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms, \
+         updated_by = excluded.updated_by, source = excluded.source",
+    insert_access_history: "INSERT INTO access_history (name, revision, change, spec, at_ms, actor, source, kind) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     json_as_text: "",
     upsert_function: None,
     queue_writers_in_process: true,

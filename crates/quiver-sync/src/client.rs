@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use quiver_model::StoredServer;
+use quiver_model::access::StoredAccess;
 use quiver_proto::credentials::Credentials;
 use quiver_proto::v1 as pb;
 use tonic::transport::Endpoint;
@@ -260,6 +261,7 @@ fn endpoint(url: &str, options: &SyncOptions) -> Result<Endpoint, SyncError> {
 pub(crate) struct Listed {
     pub(crate) revision: u64,
     pub(crate) servers: Vec<StoredServer>,
+    pub(crate) access: Vec<StoredAccess>,
 }
 
 /// The calls the sync makes.
@@ -299,6 +301,11 @@ impl RegistryClient {
                 .servers
                 .into_iter()
                 .map(convert)
+                .collect::<Result<_, _>>()?,
+            access: response
+                .access
+                .into_iter()
+                .map(convert_access)
                 .collect::<Result<_, _>>()?,
         })
     }
@@ -345,6 +352,15 @@ impl RegistryClient {
         self.call("report", client.report_worker_status(request))
             .await
     }
+}
+
+/// An access record of a list or a watch event.
+pub(crate) fn convert_access(record: pb::AccessRecord) -> Result<StoredAccess, SyncError> {
+    let name = format!("access record {:?}", record.name);
+    StoredAccess::try_from(record).map_err(|source| SyncError::Conversion {
+        server_id: name,
+        source,
+    })
 }
 
 pub(crate) fn convert(server: pb::McpServer) -> Result<StoredServer, SyncError> {

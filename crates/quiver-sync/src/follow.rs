@@ -19,8 +19,8 @@ use quiver_model::StoredServer;
 use quiver_proto::v1 as pb;
 
 use crate::SyncError;
-use crate::client::Listed;
-use crate::snapshot::{Shared, Snapshot, same};
+use crate::client::{Listed, convert_access};
+use crate::snapshot::{AccessMap, Shared, Snapshot, same};
 
 /// Events applied without reaching a publishable state before the follower
 /// gives up chasing a write storm and lists instead.
@@ -38,6 +38,7 @@ pub(crate) struct Follower {
     shared: Arc<Shared>,
     published: Arc<Snapshot>,
     working: BTreeMap<String, Arc<StoredServer>>,
+    working_access: AccessMap,
     /// Last revision whose change is in `working`.
     applied: u64,
     /// Highest revision of any record in `working`.
@@ -70,6 +71,7 @@ impl Follower {
         let mut follower = Follower {
             shared,
             working: published.servers.clone(),
+            working_access: published.access.clone(),
             applied: published.revision,
             target: published.revision,
             published,
@@ -121,18 +123,37 @@ impl Follower {
                 (id, server)
             })
             .collect();
+        let access: AccessMap = listed
+            .access
+            .into_iter()
+            .map(|record| {
+                let key = (record.spec.kind(), record.spec.name().to_owned());
+                let record = match published.access.get(&key) {
+                    Some(old) if **old == record => old.clone(),
+                    _ => Arc::new(record),
+                };
+                (key, record)
+            })
+            .collect();
+        let access_changed = access != published.access;
         let snapshot = Snapshot {
             revision: listed.revision,
             servers,
+            access,
         };
         let changed = snapshot.changed_since(published);
         self.working = snapshot.servers.clone();
+        self.working_access = snapshot.access.clone();
         self.applied = snapshot.revision;
         self.target = snapshot.revision;
         self.awaiting_delete.clear();
         self.touched.clear();
         self.deferred = 0;
-        if changed.is_empty() && snapshot.revision == published.revision && self.shared.is_ready() {
+        if changed.is_empty()
+            && !access_changed
+            && snapshot.revision == published.revision
+            && self.shared.is_ready()
+        {
             return;
         }
         if !changed.is_empty() && snapshot.revision == published.revision {
@@ -189,6 +210,29 @@ impl Follower {
 
     /// Applies an event planned with [`Self::plan`] and the records fetched
     /// for it (`None`: not found).
+    /// Applies the access records an event carries (always whole: no
+    /// fetch). Called with [`Self::apply`] for the same event.
+    pub(crate) fn apply_access(
+        &mut self,
+        event: &pb::WatchMcpServersResponse,
+    ) -> Result<(), SyncError> {
+        for deleted in &event.access_deletes {
+            let kind = quiver_proto::access::access_kind_from(deleted.kind).map_err(|source| {
+                SyncError::Conversion {
+                    server_id: format!("access record {:?}", deleted.name),
+                    source,
+                }
+            })?;
+            self.working_access.remove(&(kind, deleted.name.clone()));
+        }
+        for record in &event.access_upserts {
+            let record = convert_access(record.clone())?;
+            let key = (record.spec.kind(), record.spec.name().to_owned());
+            self.working_access.insert(key, Arc::new(record));
+        }
+        Ok(())
+    }
+
     pub(crate) fn apply(
         &mut self,
         event: &pb::WatchMcpServersResponse,
@@ -251,6 +295,7 @@ impl Follower {
         let snapshot = Snapshot {
             revision: self.applied,
             servers: self.working.clone(),
+            access: self.working_access.clone(),
         };
         self.deferred = 0;
         self.published = self.shared.publish(snapshot, changed);
@@ -276,6 +321,7 @@ mod tests {
         let listed = Listed {
             revision,
             servers: records.iter().map(|(id, rev)| server(id, *rev)).collect(),
+            access: vec![],
         };
         (Follower::from_list(shared.clone(), listed), shared)
     }
@@ -326,6 +372,57 @@ mod tests {
     }
 
     #[test]
+    fn access_records_follow_events_and_are_published_with_the_revision() {
+        use quiver_model::Source;
+        use quiver_model::access::{AccessKind, AccessSpec, PolicyRecord, StoredAccess};
+        let (mut f, shared) = follower(1, &[("a", 1)]);
+        let record = StoredAccess {
+            spec: AccessSpec::Policy(PolicyRecord {
+                name: "team-a".into(),
+                policy: Default::default(),
+            }),
+            revision: 2,
+            created_at: Default::default(),
+            updated_at: Default::default(),
+            updated_by: "admin".into(),
+            source: Source::Admin,
+        };
+        let upsert = pb::WatchMcpServersResponse {
+            revision: 2,
+            access_upserts: vec![(&record).into()],
+            ..Default::default()
+        };
+        assert!(fetch_ids(f.plan(&upsert).unwrap()).is_empty());
+        f.apply_access(&upsert).unwrap();
+        f.apply(&upsert, vec![]);
+        f.publish_if_consistent();
+        let key = (AccessKind::Policy, "team-a".to_owned());
+        assert_eq!(shared.current().revision, 2);
+        assert_eq!(
+            shared.current().access.get(&key).map(|r| r.revision),
+            Some(2)
+        );
+        let delete = pb::WatchMcpServersResponse {
+            revision: 3,
+            access_deletes: vec![(AccessKind::Policy, "team-a").into()],
+            ..Default::default()
+        };
+        f.apply_access(&delete).unwrap();
+        f.apply(&delete, vec![]);
+        f.publish_if_consistent();
+        assert!(shared.current().access.is_empty());
+        let broken = pb::WatchMcpServersResponse {
+            revision: 4,
+            access_upserts: vec![pb::AccessRecord {
+                spec_json: "{}".into(),
+                ..(&record).into()
+            }],
+            ..Default::default()
+        };
+        assert!(f.apply_access(&broken).is_err());
+    }
+
+    #[test]
     fn gaps_and_duplicates() {
         let (f, _) = follower(5, &[]);
         assert!(matches!(f.plan(&event(4, &["x"], &[])), Ok(Plan::Skip)));
@@ -352,11 +449,13 @@ mod tests {
         f.offer(Listed {
             revision: 2,
             servers: vec![server("a", 1), server("b", 2)],
+            access: vec![],
         });
         assert!(!updates.has_changed().unwrap());
         f.offer(Listed {
             revision: 3,
             servers: vec![server("a", 1), server("b", 3)],
+            access: vec![],
         });
         let update = updates.borrow_and_update().clone();
         assert_eq!(update.snapshot.revision, 3);
@@ -369,6 +468,7 @@ mod tests {
         f.offer(Listed {
             revision: 5,
             servers: vec![server("a", 5)],
+            access: vec![],
         });
         assert_eq!(shared.current().revision, 5);
         assert!(matches!(f.plan(&event(4, &["a"], &[])), Ok(Plan::Skip)));
@@ -378,6 +478,7 @@ mod tests {
         f.offer(Listed {
             revision: 4,
             servers: vec![],
+            access: vec![],
         });
         assert_eq!(shared.current().revision, 5);
     }
@@ -394,6 +495,7 @@ mod tests {
         let restored = Listed {
             revision: 4,
             servers: vec![server("a", 4)],
+            access: vec![],
         };
         let f = Follower::from_list(shared.clone(), restored);
         let snap = shared.current();

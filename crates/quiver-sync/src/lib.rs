@@ -43,6 +43,7 @@ mod approvals;
 mod client;
 mod error;
 mod follow;
+mod key_uses;
 mod oauth;
 mod options;
 mod report;
@@ -52,12 +53,13 @@ mod snapshot;
 
 pub use approvals::{CallBinding, RegistryApprovals};
 pub use error::SyncError;
+pub use key_uses::KeyUses;
 pub use oauth::{IssuedToken, RegistryTokens};
 pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;
 pub use service::SyncService;
 pub use sessions::RegistrySessions;
-pub use snapshot::{Snapshot, SnapshotHandle, SnapshotUpdate};
+pub use snapshot::{AccessMap, Snapshot, SnapshotHandle, SnapshotUpdate};
 
 #[cfg(test)]
 mod test_support {

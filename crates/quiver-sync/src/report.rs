@@ -38,6 +38,7 @@ pub(crate) struct Reporter {
     pub(crate) worker_id: String,
     pub(crate) interval: Duration,
     pub(crate) health: Option<Arc<dyn HealthSource>>,
+    pub(crate) key_uses: crate::KeyUses,
 }
 
 impl Reporter {
@@ -81,9 +82,15 @@ impl Reporter {
                 .as_ref()
                 .map(|health| health.server_health())
                 .unwrap_or_default(),
+            key_uses: self.key_uses.take(),
         };
+        let key_uses = request.key_uses.clone();
         match self.connector.reporting_client().report(request).await {
             Ok(response) => tracing::trace!(head = response.head_revision, "status reported"),
+            Err(err) if !key_uses.is_empty() => {
+                tracing::warn!(error = %err, "status report failed; key uses kept for the next");
+                self.key_uses.restore(key_uses);
+            }
             // While degraded the sync loop already reports the outage.
             Err(err) if degraded => tracing::debug!(error = %err, "status report failed"),
             Err(err) => tracing::warn!(error = %err, "status report failed"),

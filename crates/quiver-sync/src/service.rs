@@ -22,6 +22,7 @@ pub struct SyncService {
     connector: Arc<Connector>,
     shared: Arc<Shared>,
     health: Option<Arc<dyn HealthSource>>,
+    key_uses: crate::KeyUses,
 }
 
 impl SyncService {
@@ -33,6 +34,7 @@ impl SyncService {
             options,
             shared: Shared::new(),
             health: None,
+            key_uses: crate::KeyUses::default(),
         })
     }
 
@@ -40,6 +42,12 @@ impl SyncService {
     pub fn with_health_source(mut self, source: Arc<dyn HealthSource>) -> Self {
         self.health = Some(source);
         self
+    }
+
+    /// Where the worker records API key uses; status reports carry them to
+    /// the registry.
+    pub fn key_uses(&self) -> crate::KeyUses {
+        self.key_uses.clone()
     }
 
     /// The approvals client, on the replica the sync follows.
@@ -85,6 +93,7 @@ impl SyncService {
             worker_id: self.options.worker_id.clone(),
             interval: self.options.report_interval,
             health: self.health.clone(),
+            key_uses: self.key_uses.clone(),
         };
         // Both loops run forever; dropping them on cancellation is the one
         // shutdown path, and no await point sits inside a publish.
@@ -189,6 +198,7 @@ impl SyncService {
                 continue;
             };
             let fetched = fetch(&client, &event, ids).await?;
+            follower.apply_access(&event)?;
             follower.apply(&event, fetched);
             if follower.is_stuck() {
                 tracing::info!(

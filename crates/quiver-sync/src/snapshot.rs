@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use quiver_model::StoredServer;
+use quiver_model::access::{AccessKind, StoredAccess};
 use tokio::sync::{Notify, watch};
 
 /// The registry's records as of one revision. Never mutated once published:
@@ -17,7 +18,13 @@ pub struct Snapshot {
     pub revision: u64,
     /// Records by `server_id`.
     pub servers: BTreeMap<String, Arc<StoredServer>>,
+    /// Who may call (policies, API keys, identity providers), by kind and
+    /// name, exactly as of `revision`.
+    pub access: AccessMap,
 }
+
+/// Access records by kind and name.
+pub type AccessMap = BTreeMap<(AccessKind, String), Arc<StoredAccess>>;
 
 impl Snapshot {
     /// One record.
@@ -60,6 +67,8 @@ pub struct SnapshotUpdate {
     /// Ids whose record differs between `previous` and `snapshot`. Empty
     /// when only the revision moved (e.g. a record created and deleted).
     pub changed: BTreeSet<String>,
+    /// Whether the access records differ between `previous` and `snapshot`.
+    pub access_changed: bool,
 }
 
 impl SnapshotUpdate {
@@ -71,6 +80,16 @@ impl SnapshotUpdate {
             self.changed.clone()
         } else {
             self.snapshot.changed_since(seen)
+        }
+    }
+
+    /// Whether the access records changed since `seen` (see
+    /// [`Self::changed_since`]).
+    pub fn access_changed_since(&self, seen: &Arc<Snapshot>) -> bool {
+        if Arc::ptr_eq(seen, &self.previous) {
+            self.access_changed
+        } else {
+            seen.access != self.snapshot.access
         }
     }
 }
@@ -120,10 +139,12 @@ impl Shared {
         let previous = self.current.swap(snapshot.clone());
         // `current()` is updated first so a subscriber woken by this update
         // never reads an older snapshot than the one it was told about.
+        let access_changed = previous.access != snapshot.access;
         self.updates.send_replace(SnapshotUpdate {
             snapshot: snapshot.clone(),
             previous,
             changed,
+            access_changed,
         });
         self.ready
             .send_if_modified(|ready| !std::mem::replace(ready, true));
@@ -227,6 +248,7 @@ mod tests {
                 .iter()
                 .map(|(id, rev)| ((*id).to_owned(), Arc::new(server(id, *rev))))
                 .collect(),
+            access: AccessMap::new(),
         }
     }
 
@@ -248,6 +270,7 @@ mod tests {
             snapshot: third.clone(),
             previous: second.clone(),
             changed: ["a".to_owned()].into(),
+            access_changed: false,
         };
         assert_eq!(update.changed_since(&second), update.changed);
         let skipped: Vec<_> = update.changed_since(&first).into_iter().collect();

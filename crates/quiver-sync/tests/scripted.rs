@@ -69,6 +69,7 @@ impl McpRegistryService for Fake {
             Ok(Response::new(pb::ListMcpServersResponse {
                 revision,
                 servers,
+                access: Vec::new(),
             }))
         })
     }

@@ -115,6 +115,11 @@ impl Env {
                 .into_iter()
                 .map(|s| (s.spec.server_id.clone(), Arc::new(s)))
                 .collect(),
+            access: listed
+                .access
+                .into_iter()
+                .map(|a| ((a.spec.kind(), a.spec.name().to_owned()), Arc::new(a)))
+                .collect(),
         }
     }
 

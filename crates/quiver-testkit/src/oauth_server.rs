@@ -20,7 +20,10 @@
 //! with the public key, or under a `kid` the JWKS does not list), `POST
 //! /admin/oidc/rotate` rotates the keys, and `/admin/stats` counts JWKS and
 //! discovery fetches, for tests of JWT verifiers such as the worker's OIDC
-//! callers.
+//! callers. It signs people in, too: a code granted for scope `openid` (with
+//! an optional `nonce`) is exchanged for an `id_token` as well, carrying the
+//! claims `POST /admin/oidc/person` set, and `POST /admin/clients`
+//! registers a public client under a client id the test chooses.
 //!
 //! Everything lives in memory behind one mutex, each table capped at
 //! [`MAX_ENTRIES`]; `quiver-testkit-oauth` serves it as a process.
@@ -53,7 +56,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use url::Url;
 
-use crate::oidc_issuer::OidcIssuer;
+use crate::oidc_issuer::{OPENID_SCOPE, OidcIssuer};
 
 /// The one scope the server knows and grants by default.
 pub const SCOPE: &str = "mcp:tools";
@@ -80,6 +83,10 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Most redirect URIs one dynamic registration may carry, and their length.
 const MAX_REDIRECT_URIS: usize = 16;
 const MAX_URI_LEN: usize = 2048;
+/// Longest `nonce` an authorization request may carry, and `client_id`
+/// `POST /admin/clients` may choose.
+const MAX_NONCE_LEN: usize = 512;
+const MAX_CLIENT_ID_LEN: usize = 256;
 /// The issuer the `wrong-issuer` fault announces.
 const WRONG_ISSUER: &str = "http://issuer.invalid";
 
@@ -211,6 +218,8 @@ pub struct OAuthStats {
     pub jwks_fetches: u64,
     /// `GET /.well-known/openid-configuration` answered.
     pub discovery_fetches: u64,
+    /// `id_token`s issued with the tokens of `openid` codes.
+    pub id_tokens_issued: u64,
 }
 
 /// The server; clones share their state.
@@ -242,6 +251,8 @@ struct PendingCode {
     redirect_uri: String,
     challenge: String,
     scope: String,
+    /// The authorization request's `nonce`, for the `id_token`.
+    nonce: Option<String>,
     expires: Instant,
 }
 
@@ -389,6 +400,7 @@ impl OAuthServer {
             .route("/admin/expire-access-tokens", post(admin_expire))
             .route("/admin/revoke-refresh-tokens", post(admin_revoke))
             .route("/admin/config", post(admin_config))
+            .route("/admin/clients", post(admin_clients))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.shared.clone())
             .merge(self.shared.oidc.router())
@@ -422,6 +434,7 @@ impl Shared {
         let oidc = self.oidc.stats();
         stats.jwks_fetches = oidc.jwks_fetches;
         stats.discovery_fetches = oidc.discovery_fetches;
+        stats.id_tokens_issued = oidc.id_tokens_issued;
         stats
     }
 
@@ -658,14 +671,17 @@ async fn authorization_server_metadata(State(shared): State<Arc<Shared>>) -> Res
     }
 }
 
-/// OpenID discovery: the authorization server's metadata plus `jwks_uri`
-/// and the signing algorithms (counted as a discovery fetch).
+/// OpenID discovery: the authorization server's metadata plus `jwks_uri`,
+/// the signing algorithms and scope `openid` (counted as a discovery fetch).
 async fn openid_configuration(State(shared): State<Arc<Shared>>) -> Response {
     let oidc = shared.oidc.discovery_fields();
     match metadata(&shared) {
         Some(mut metadata) => {
             if let (Some(object), Value::Object(oidc)) = (metadata.as_object_mut(), oidc) {
                 object.extend(oidc);
+            }
+            if let Some(scopes) = metadata["scopes_supported"].as_array_mut() {
+                scopes.push(json!(OPENID_SCOPE));
             }
             axum::Json(metadata).into_response()
         }
@@ -734,6 +750,30 @@ struct RegistrationRequest {
     response_types: Option<Vec<String>>,
 }
 
+/// A client's `redirect_uris`: 1 to [`MAX_REDIRECT_URIS`] absolute URLs
+/// without fragment (RFC 7591 §2, RFC 6749 §3.1.2).
+fn check_redirect_uris(uris: &[String]) -> Result<(), OAuthFailure> {
+    let redirect_error = |description: String| {
+        oauth_error(StatusCode::BAD_REQUEST, "invalid_redirect_uri", description)
+    };
+    if uris.is_empty() || uris.len() > MAX_REDIRECT_URIS {
+        return Err(redirect_error(format!(
+            "give 1 to {MAX_REDIRECT_URIS} redirect_uris, not {}",
+            uris.len()
+        )));
+    }
+    for uri in uris {
+        let usable =
+            uri.len() <= MAX_URI_LEN && Url::parse(uri).is_ok_and(|url| url.fragment().is_none());
+        if !usable {
+            return Err(redirect_error(format!(
+                "redirect uri {uri:?} is not an absolute URL without fragment"
+            )));
+        }
+    }
+    Ok(())
+}
+
 async fn register(
     State(shared): State<Arc<Shared>>,
     body: Bytes,
@@ -747,24 +787,7 @@ async fn register(
     };
     let request: RegistrationRequest = serde_json::from_slice(&body)
         .map_err(|err| metadata_error(format!("the body is not a registration request: {err}")))?;
-    let redirect_error = |description: String| {
-        oauth_error(StatusCode::BAD_REQUEST, "invalid_redirect_uri", description)
-    };
-    if request.redirect_uris.is_empty() || request.redirect_uris.len() > MAX_REDIRECT_URIS {
-        return Err(redirect_error(format!(
-            "give 1 to {MAX_REDIRECT_URIS} redirect_uris, not {}",
-            request.redirect_uris.len()
-        )));
-    }
-    for uri in &request.redirect_uris {
-        let usable =
-            uri.len() <= MAX_URI_LEN && Url::parse(uri).is_ok_and(|url| url.fragment().is_none());
-        if !usable {
-            return Err(redirect_error(format!(
-                "redirect uri {uri:?} is not an absolute URL without fragment"
-            )));
-        }
-    }
+    check_redirect_uris(&request.redirect_uris)?;
     let method = request
         .token_endpoint_auth_method
         .unwrap_or_else(|| "client_secret_basic".to_owned());
@@ -854,6 +877,12 @@ async fn authorize(
         .map(str::trim)
         .filter(|scope| !scope.is_empty())
         .unwrap_or(SCOPE);
+    let nonce = param("nonce");
+    if nonce.is_some_and(|nonce| nonce.len() > MAX_NONCE_LEN) {
+        return Err(invalid_request(format!(
+            "nonce is longer than {MAX_NONCE_LEN} bytes"
+        )));
+    }
     let Ok(mut location) = Url::parse(redirect_uri) else {
         return Err(invalid_request("redirect_uri is not a URL"));
     };
@@ -892,6 +921,7 @@ async fn authorize(
                 redirect_uri: redirect_uri.to_owned(),
                 challenge: challenge.to_owned(),
                 scope: scope.to_owned(),
+                nonce: nonce.map(str::to_owned),
                 expires: now + CODE_TTL,
             },
         );
@@ -1028,18 +1058,35 @@ async fn token(
             format!("resource {resource:?} is not this server's protected resource"),
         ));
     }
-    let granted = match param("grant_type") {
-        Some("authorization_code") => authorization_code_grant(&shared, &client, param),
-        Some("refresh_token") => refresh_grant(&shared, &client, param),
-        Some("client_credentials") => client_credentials_grant(&shared, &client, param),
-        Some(other) => Err(oauth_error(
-            StatusCode::BAD_REQUEST,
-            "unsupported_grant_type",
-            format!("grant_type {other:?} is not supported"),
-        )),
-        None => Err(invalid_request("grant_type is missing")),
+    let (mut body, id_token) = match param("grant_type") {
+        Some("authorization_code") => authorization_code_grant(&shared, &client, param)?,
+        Some("refresh_token") => (refresh_grant(&shared, &client, param)?, None),
+        Some("client_credentials") => (client_credentials_grant(&shared, &client, param)?, None),
+        Some(other) => {
+            return Err(oauth_error(
+                StatusCode::BAD_REQUEST,
+                "unsupported_grant_type",
+                format!("grant_type {other:?} is not supported"),
+            ));
+        }
+        None => return Err(invalid_request("grant_type is missing")),
     };
-    let body = granted?;
+    if let Some(IdTokenDue { nonce }) = id_token {
+        // Signing fails only if key generation does: the access token
+        // already issued is not taken back.
+        let token = shared
+            .oidc
+            .id_token(&client.id, nonce.as_deref())
+            .await
+            .map_err(|err| {
+                oauth_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    err.to_string(),
+                )
+            })?;
+        body["id_token"] = Value::String(token);
+    }
     Ok((
         [
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
@@ -1050,11 +1097,19 @@ async fn token(
         .into_response())
 }
 
+/// An `openid` code exchanged: the `id_token` to add to the response.
+struct IdTokenDue {
+    /// The authorization request's `nonce`.
+    nonce: Option<String>,
+}
+
+/// The token response, and the `id_token` due when the code's scope has
+/// `openid`.
 fn authorization_code_grant<'a>(
     shared: &Shared,
     client: &Authenticated,
     param: impl Fn(&str) -> Option<&'a str>,
-) -> Result<Value, OAuthFailure> {
+) -> Result<(Value, Option<IdTokenDue>), OAuthFailure> {
     let (Some(code), Some(verifier), Some(redirect_uri)) =
         (param("code"), param("code_verifier"), param("redirect_uri"))
     else {
@@ -1086,7 +1141,10 @@ fn authorization_code_grant<'a>(
     }
     let response = store.issue(&client.id, &pending.scope, true, now)?;
     store.stats.authorization_code_grants += 1;
-    Ok(response)
+    let id_token = scope_within(OPENID_SCOPE, &pending.scope).then_some(IdTokenDue {
+        nonce: pending.nonce,
+    });
+    Ok((response, id_token))
 }
 
 fn refresh_grant<'a>(
@@ -1307,6 +1365,53 @@ async fn admin_config(
     }
     shared.store().access_ttl = Duration::from_secs(config.access_ttl_secs);
     Ok(axum::Json(json!({"access_ttl_secs": config.access_ttl_secs})).into_response())
+}
+
+/// The body of `POST /admin/clients`: a public client (no secret, PKCE
+/// only) under a client id the test chooses.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminClient {
+    client_id: String,
+    redirect_uris: Vec<String>,
+}
+
+/// Registers (or replaces) a public client with a fixed `client_id`.
+async fn admin_clients(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, OAuthFailure> {
+    let request: AdminClient = serde_json::from_slice(&body).map_err(|err| {
+        invalid_request(format!(
+            "expected {{\"client_id\": string, \"redirect_uris\": [string]}}: {err}"
+        ))
+    })?;
+    let id = &request.client_id;
+    if id.is_empty() || id.len() > MAX_CLIENT_ID_LEN || id.chars().any(char::is_control) {
+        return Err(invalid_request(format!(
+            "client_id: 1 to {MAX_CLIENT_ID_LEN} bytes without control characters"
+        )));
+    }
+    check_redirect_uris(&request.redirect_uris)?;
+    {
+        let mut store = shared.store();
+        if !store.clients.contains_key(id) && store.clients.len() >= MAX_ENTRIES {
+            return Err(full("clients"));
+        }
+        store.clients.insert(
+            id.clone(),
+            Client {
+                secret: None,
+                redirect_uris: Some(request.redirect_uris.clone()),
+            },
+        );
+    }
+    Ok(axum::Json(json!({
+        "client_id": request.client_id,
+        "redirect_uris": request.redirect_uris,
+        "token_endpoint_auth_method": "none",
+    }))
+    .into_response())
 }
 
 /// The protected MCP server: who am I, and echo.

@@ -15,6 +15,13 @@
 //! ones. `GET B/admin/stats` counts JWKS and discovery fetches, so a test can
 //! see how often a verifier comes back for keys.
 //!
+//! It is also the provider of an OpenID Connect sign-in (authorization code
+//! flow with PKCE): a code granted for scope `openid` is exchanged at
+//! `B/token` for an `id_token` as well ([`OidcIssuer::id_token`], signed by
+//! [`OidcIssuer::mint`] with the current ES256 key), whose claims are those
+//! of the person signing in, set by `POST B/admin/oidc/person`
+//! ([`OidcIssuer::set_person`]).
+//!
 //! Keys are generated (aws-lc-rs, through `rcgen`) the first time they are
 //! needed and held in memory only; tokens are signed with `jsonwebtoken`.
 
@@ -45,6 +52,15 @@ pub const MAX_KEYS: usize = 64;
 pub const DEFAULT_SUBJECT: &str = "test-user";
 /// Default `aud` of a minted token.
 pub const DEFAULT_AUDIENCE: &str = "quiver";
+/// The scope that makes a code exchange return an `id_token`.
+pub const OPENID_SCOPE: &str = "openid";
+/// Lifetime of an `id_token` (`exp` - `iat`).
+pub const ID_TOKEN_TTL_SECS: i64 = 300;
+/// `sub` of the person signing in until `POST /admin/oidc/person` names
+/// another.
+pub const DEFAULT_PERSON_SUBJECT: &str = "testkit-user";
+/// Claims of an `id_token` that the server sets, so a person cannot.
+const SERVER_CLAIMS: [&str; 5] = ["iss", "aud", "iat", "exp", "nonce"];
 /// Largest body of the `/admin/oidc/*` endpoints.
 const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest `kid` a mint request may name.
@@ -104,6 +120,18 @@ pub struct MintRequest {
 #[error("{0}")]
 pub struct MintError(String);
 
+/// Claims of a person refused by [`OidcIssuer::set_person`]: 400 naming
+/// the claim.
+#[derive(Debug, thiserror::Error)]
+pub enum PersonError {
+    /// `sub` is missing or not a non-empty string.
+    #[error("sub: a non-empty string is required")]
+    Subject,
+    /// A claim the server sets on each `id_token` ([`OidcIssuer::id_token`]).
+    #[error("{0}: set by the server on each id_token, not by the person")]
+    ServerClaim(String),
+}
+
 /// Counters of the issuer's endpoints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OidcStats {
@@ -111,6 +139,8 @@ pub struct OidcStats {
     pub jwks_fetches: u64,
     /// `GET /.well-known/openid-configuration` answered.
     pub discovery_fetches: u64,
+    /// `id_token`s issued by code exchanges ([`OidcIssuer::id_token`]).
+    pub id_tokens_issued: u64,
 }
 
 /// One signing key.
@@ -207,8 +237,11 @@ pub struct OidcIssuer {
     issuer: String,
     /// `None` until first needed (RSA key generation is not free).
     keys: Mutex<Option<Keys>>,
+    /// The claims of the person signing in (always a string `sub`).
+    person: Mutex<Map<String, Value>>,
     jwks_fetches: AtomicU64,
     discovery_fetches: AtomicU64,
+    id_tokens_issued: AtomicU64,
 }
 
 impl OidcIssuer {
@@ -217,8 +250,13 @@ impl OidcIssuer {
         Self {
             issuer: issuer.trim_end_matches('/').to_owned(),
             keys: Mutex::new(None),
+            person: Mutex::new(Map::from_iter([(
+                "sub".to_owned(),
+                json!(DEFAULT_PERSON_SUBJECT),
+            )])),
             jwks_fetches: AtomicU64::new(0),
             discovery_fetches: AtomicU64::new(0),
+            id_tokens_issued: AtomicU64::new(0),
         }
     }
 
@@ -237,6 +275,7 @@ impl OidcIssuer {
         OidcStats {
             jwks_fetches: self.jwks_fetches.load(Ordering::Relaxed),
             discovery_fetches: self.discovery_fetches.load(Ordering::Relaxed),
+            id_tokens_issued: self.id_tokens_issued.load(Ordering::Relaxed),
         }
     }
 
@@ -381,14 +420,77 @@ impl OidcIssuer {
         }
     }
 
-    /// `GET /jwks`, `POST /admin/oidc/mint` and `POST /admin/oidc/rotate`
-    /// (discovery is the authorization server's metadata route, which adds
-    /// [`OidcIssuer::discovery_fields`]).
+    /// The person signing in: the claims of the `id_token`s issued from
+    /// now on, but for the ones the server sets (`iss`, `aud`, `iat`, `exp`,
+    /// `nonce`). `sub` must be a non-empty string; a claim given as `null`
+    /// is left out.
+    pub fn set_person(&self, claims: Map<String, Value>) -> Result<(), PersonError> {
+        if let Some(claim) = SERVER_CLAIMS
+            .iter()
+            .find(|claim| claims.contains_key(**claim))
+        {
+            return Err(PersonError::ServerClaim((*claim).to_owned()));
+        }
+        if claims
+            .get("sub")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Err(PersonError::Subject);
+        }
+        *self.person_claims() = claims;
+        Ok(())
+    }
+
+    /// The claims of the person signing in (default: `sub`
+    /// [`DEFAULT_PERSON_SUBJECT`] alone).
+    pub fn person(&self) -> Map<String, Value> {
+        self.person_claims().clone()
+    }
+
+    fn person_claims(&self) -> MutexGuard<'_, Map<String, Value>> {
+        self.person
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Counts and mints the `id_token` of a code exchange by `client_id`:
+    /// the person's claims, `iss` (the issuer), `aud` = `client_id`, `iat`,
+    /// `exp` = `iat` + [`ID_TOKEN_TTL_SECS`] and `nonce` when the
+    /// authorization request had one; signed with the current ES256 key.
+    pub async fn id_token(
+        self: &Arc<Self>,
+        client_id: &str,
+        nonce: Option<&str>,
+    ) -> Result<String, MintError> {
+        let mut claims = self.person();
+        claims.insert("aud".to_owned(), json!(client_id));
+        if let Some(nonce) = nonce {
+            claims.insert("nonce".to_owned(), json!(nonce));
+        }
+        let request = MintRequest {
+            claims,
+            ttl_secs: Some(ID_TOKEN_TTL_SECS),
+            ..MintRequest::default()
+        };
+        // The first use generates the keys: off the runtime.
+        let issuer = self.clone();
+        let token = tokio::task::spawn_blocking(move || issuer.mint(request))
+            .await
+            .map_err(|err| MintError(format!("signing failed: {err}")))??;
+        self.id_tokens_issued.fetch_add(1, Ordering::Relaxed);
+        Ok(token)
+    }
+
+    /// `GET /jwks`, `POST /admin/oidc/mint`, `POST /admin/oidc/rotate` and
+    /// `POST /admin/oidc/person` (discovery is the authorization server's
+    /// metadata route, which adds [`OidcIssuer::discovery_fields`]).
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/jwks", get(jwks))
             .route("/admin/oidc/mint", post(mint))
             .route("/admin/oidc/rotate", post(rotate))
+            .route("/admin/oidc/person", post(person))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.clone())
     }
@@ -455,5 +557,18 @@ async fn rotate(State(issuer): State<Arc<OidcIssuer>>, body: Bytes) -> Response 
         Ok(Ok(kid)) => axum::Json(json!({"kid": kid})).into_response(),
         Ok(Err(err)) => internal_error(&err),
         Err(err) => internal_error(&err.into()),
+    }
+}
+
+/// `POST /admin/oidc/person`: the body is the person's claims
+/// ([`OidcIssuer::set_person`]); the answer `{"person": claims}`.
+async fn person(State(issuer): State<Arc<OidcIssuer>>, body: Bytes) -> Response {
+    let claims: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(claims) => claims,
+        Err(err) => return bad_request(format!("expected a JSON object of claims: {err}")),
+    };
+    match issuer.set_person(claims) {
+        Ok(()) => axum::Json(json!({"person": issuer.person()})).into_response(),
+        Err(err) => bad_request(err.to_string()),
     }
 }

@@ -263,6 +263,7 @@ async fn serves_metadata_documents() {
             expected["jwks_uri"] = json!(format!("{base}/jwks"));
             expected["id_token_signing_alg_values_supported"] = json!(["ES256", "RS256"]);
             expected["subject_types_supported"] = json!(["public"]);
+            expected["scopes_supported"] = json!(["mcp:tools", "mcp:admin", "openid"]);
         }
         assert_eq!(metadata, expected, "{path}");
     }

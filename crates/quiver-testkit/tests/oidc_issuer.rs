@@ -1,7 +1,9 @@
 //! The test OpenID Connect issuer (`quiver_testkit::oidc_issuer`) served by
 //! the OAuth test server, in-process: discovery and JWKS documents, minted
 //! tokens checked with `jsonwebtoken` against the published keys (and the
-//! deliberately bad ones refused by it), key rotation and the counters.
+//! deliberately bad ones refused by it), key rotation and the counters; and
+//! sign-in by the authorization code flow, whose `id_token`s are checked the
+//! same way.
 
 use std::collections::HashSet;
 
@@ -13,6 +15,11 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use quiver_testkit::oauth_server::{OAuthServer, OAuthServerOptions, OAuthStats};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sha2::Digest as _;
+
+/// Where the test's public clients redirect to (never reached).
+const REDIRECT: &str = "http://127.0.0.1:1/callback";
+const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
 
 /// The server on a free port; stopped on drop.
 struct Running {
@@ -77,8 +84,19 @@ impl Running {
     }
 
     /// What a careful verifier does: the key named by the header's `kid`
-    /// from `jwks`, the algorithm the JWK names, `iss` and `aud` checked.
+    /// from `jwks`, the algorithm the JWK names, `iss` and `aud` (`quiver`)
+    /// checked.
     fn verify(&self, jwks: &JwkSet, token: &str) -> jsonwebtoken::errors::Result<Value> {
+        self.verify_for(jwks, token, "quiver")
+    }
+
+    /// [`Running::verify`] for the audience `audience`.
+    fn verify_for(
+        &self,
+        jwks: &JwkSet,
+        token: &str,
+        audience: &str,
+    ) -> jsonwebtoken::errors::Result<Value> {
         let header = jsonwebtoken::decode_header(token)?;
         let kid = header.kid.expect("a kid");
         let jwk = jwks
@@ -87,10 +105,82 @@ impl Running {
         let alg = Algorithm::try_from(jwk.common.key_algorithm.expect("the JWK names its alg"))?;
         let mut validation = Validation::new(alg);
         validation.set_issuer(&[&self.base]);
-        validation.set_audience(&["quiver"]);
+        validation.set_audience(&[audience]);
         let data = jsonwebtoken::decode::<Value>(token, &DecodingKey::from_jwk(jwk)?, &validation)?;
         Ok(data.claims)
     }
+}
+
+impl Running {
+    /// Signs in as public client `client_id` by the authorization code flow
+    /// (PKCE S256, no secret) asking for `scope` with `nonce`: the token
+    /// response.
+    async fn sign_in(&self, client_id: &str, scope: &str, nonce: Option<&str>) -> Value {
+        let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER));
+        let mut params = vec![
+            ("response_type", "code"),
+            ("client_id", client_id),
+            ("redirect_uri", REDIRECT),
+            ("code_challenge", challenge.as_str()),
+            ("code_challenge_method", "S256"),
+            ("scope", scope),
+            ("state", "st-1"),
+        ];
+        params.extend(nonce.map(|nonce| ("nonce", nonce)));
+        let response = self.authorize(&params).await;
+        assert_eq!(response.status(), StatusCode::FOUND);
+        let location = response.headers()[reqwest::header::LOCATION]
+            .to_str()
+            .expect("ascii Location");
+        assert!(location.starts_with(REDIRECT), "{location}");
+        let code = url::Url::parse(location)
+            .expect("Location is a URL")
+            .query_pairs()
+            .find(|(name, _)| name == "code")
+            .expect("a code")
+            .1
+            .into_owned();
+        let response = reqwest::Client::new()
+            .post(self.url("/token"))
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(encode(&[
+                ("grant_type", "authorization_code"),
+                ("code", &code),
+                ("code_verifier", VERIFIER),
+                ("redirect_uri", REDIRECT),
+                ("client_id", client_id),
+            ]))
+            .send()
+            .await
+            .expect("POST /token");
+        let status = response.status();
+        let body: Value = response.json().await.expect("token JSON");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// `GET /authorize?params`, its redirect not followed.
+    async fn authorize(&self, params: &[(&str, &str)]) -> reqwest::Response {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("reqwest client")
+            .get(format!("{}?{}", self.url("/authorize"), encode(params)))
+            .send()
+            .await
+            .expect("GET /authorize")
+    }
+}
+
+/// `application/x-www-form-urlencoded` (reqwest's `form` and `query` are
+/// features the workspace does not enable).
+fn encode(params: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish()
 }
 
 /// The JSON of the token's header.
@@ -114,6 +204,14 @@ async fn discovery_names_the_jwks_and_is_counted() {
         discovery["id_token_signing_alg_values_supported"],
         json!(["ES256", "RS256"])
     );
+    // What an OpenID sign-in client (code flow, PKCE) looks for.
+    assert_eq!(discovery["response_types_supported"], json!(["code"]));
+    assert_eq!(
+        discovery["code_challenge_methods_supported"],
+        json!(["S256"])
+    );
+    let scopes = discovery["scopes_supported"].as_array().expect("scopes");
+    assert!(scopes.contains(&json!("openid")), "{scopes:?}");
     // The OAuth metadata document is not OpenID discovery: not counted.
     let oauth = issuer.get("/.well-known/oauth-authorization-server").await;
     assert_eq!(oauth["jwks_uri"], Value::Null);
@@ -364,4 +462,194 @@ async fn counters_count_jwks_and_discovery_fetches() {
     issuer.post("/admin/oidc/rotate", json!({})).await;
     let stats = issuer.stats().await;
     assert_eq!((stats.jwks_fetches, stats.discovery_fetches), (3, 2));
+}
+
+#[tokio::test]
+async fn code_flow_with_openid_returns_an_id_token_for_the_person() {
+    let issuer = Running::start().await;
+    let discovery = issuer.get("/.well-known/openid-configuration").await;
+    let (status, client) = issuer
+        .post(
+            "/admin/clients",
+            json!({"client_id": "quiver-web", "redirect_uris": [REDIRECT]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{client}");
+    assert_eq!(
+        client,
+        json!({"client_id": "quiver-web", "redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"})
+    );
+    let alice = json!({"sub": "alice", "email": "alice@example.com", "groups": ["admins"]});
+    let (status, answer) = issuer.post("/admin/oidc/person", alice.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer, json!({"person": alice}));
+
+    let tokens = issuer
+        .sign_in("quiver-web", "openid email", Some("n-0S6_WzA2Mj"))
+        .await;
+    assert_eq!(tokens["scope"], "openid email");
+    assert!(tokens["access_token"].is_string(), "{tokens}");
+    let id_token = tokens["id_token"].as_str().expect("an id_token");
+    let header = header_of(id_token);
+    assert_eq!(header["alg"], "ES256");
+    assert_eq!(
+        header["kid"].as_str(),
+        Some(issuer.server.oidc().current_kid().unwrap().as_str())
+    );
+    // Verified as a relying party does: keys from the discovered
+    // `jwks_uri`, `iss` exactly as discovery names it, `aud` its client id.
+    assert_eq!(discovery["jwks_uri"], json!(issuer.url("/jwks")));
+    assert_eq!(discovery["issuer"], json!(issuer.base));
+    let jwks = issuer.jwks().await;
+    let claims = issuer
+        .verify_for(&jwks, id_token, "quiver-web")
+        .expect("a valid id_token");
+    assert_eq!(claims["iss"], discovery["issuer"]);
+    assert_eq!(claims["aud"], "quiver-web");
+    assert_eq!(claims["nonce"], "n-0S6_WzA2Mj");
+    assert_eq!(claims["sub"], "alice");
+    assert_eq!(claims["email"], "alice@example.com");
+    assert_eq!(claims["groups"], json!(["admins"]));
+    let (iat, exp) = (
+        claims["iat"].as_i64().unwrap(),
+        claims["exp"].as_i64().unwrap(),
+    );
+    assert_eq!(exp - iat, 300, "five minutes");
+    assert!(
+        issuer.verify(&jwks, id_token).is_err(),
+        "not for another audience"
+    );
+
+    // A dynamically registered public client, no nonce, after a rotation:
+    // the new current key signs, and the token has no `nonce`.
+    let response = reqwest::Client::new()
+        .post(issuer.url("/register"))
+        .json(&json!({"redirect_uris": [REDIRECT], "token_endpoint_auth_method": "none"}))
+        .send()
+        .await
+        .expect("POST /register");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let registered: Value = response.json().await.expect("registration JSON");
+    assert_eq!(registered["client_secret"], Value::Null, "a public client");
+    let client_id = registered["client_id"].as_str().expect("client_id");
+    let (status, _) = issuer.post("/admin/oidc/rotate", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let tokens = issuer.sign_in(client_id, "openid", None).await;
+    let id_token = tokens["id_token"].as_str().expect("an id_token");
+    assert_eq!(
+        header_of(id_token)["kid"].as_str(),
+        Some(issuer.server.oidc().current_kid().unwrap().as_str())
+    );
+    let claims = issuer
+        .verify_for(&issuer.jwks().await, id_token, client_id)
+        .expect("a valid id_token");
+    assert_eq!(claims["sub"], "alice");
+    assert_eq!(claims["nonce"], Value::Null);
+    assert_eq!(issuer.stats().await.id_tokens_issued, 2);
+}
+
+#[tokio::test]
+async fn code_flow_without_openid_has_no_id_token() {
+    let issuer = Running::start().await;
+    let (status, _) = issuer
+        .post(
+            "/admin/clients",
+            json!({"client_id": "quiver-web", "redirect_uris": [REDIRECT]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let tokens = issuer.sign_in("quiver-web", "mcp:tools", Some("n-1")).await;
+    assert!(tokens["access_token"].is_string(), "{tokens}");
+    assert_eq!(tokens["id_token"], Value::Null, "{tokens}");
+    // `openid` must be a scope of its own, not part of one.
+    let tokens = issuer.sign_in("quiver-web", "openid-ish", None).await;
+    assert_eq!(tokens["id_token"], Value::Null, "{tokens}");
+    assert_eq!(issuer.stats().await.id_tokens_issued, 0);
+
+    // With `openid`, before any person is set: the default one.
+    let tokens = issuer.sign_in("quiver-web", "openid", None).await;
+    let claims = issuer
+        .verify_for(
+            &issuer.jwks().await,
+            tokens["id_token"].as_str().expect("an id_token"),
+            "quiver-web",
+        )
+        .expect("a valid id_token");
+    assert_eq!(claims["sub"], "testkit-user");
+    assert_eq!(issuer.stats().await.id_tokens_issued, 1);
+}
+
+#[tokio::test]
+async fn bad_sign_in_setup_is_refused_naming_the_field() {
+    let issuer = Running::start().await;
+    for (body, field) in [
+        (json!({"email": "nobody@example.com"}), "sub"),
+        (json!({"sub": ""}), "sub"),
+        (json!({"sub": 7}), "sub"),
+        (json!({"sub": "alice", "aud": "other"}), "aud"),
+        (json!({"sub": "alice", "nonce": "fixed"}), "nonce"),
+        (json!(["sub"]), "object"),
+    ] {
+        let (status, answer) = issuer.post("/admin/oidc/person", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let message = answer["error_description"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    assert_eq!(
+        issuer.server.oidc().person(),
+        json!({"sub": "testkit-user"}).as_object().cloned().unwrap(),
+        "unchanged"
+    );
+    for (body, field) in [
+        (
+            json!({"client_id": "", "redirect_uris": [REDIRECT]}),
+            "client_id",
+        ),
+        (
+            json!({"client_id": "web", "redirect_uris": []}),
+            "redirect_uris",
+        ),
+        (
+            json!({"client_id": "web", "redirect_uris": ["/relative"]}),
+            "redirect uri",
+        ),
+        (json!({"redirect_uris": [REDIRECT]}), "client_id"),
+        (
+            json!({"client_id": "web", "redirect_uris": [REDIRECT], "secret": "s"}),
+            "secret",
+        ),
+    ] {
+        let (status, answer) = issuer.post("/admin/clients", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let message = answer["error_description"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    // A pre-registered client redirects to its registered URIs only, and a
+    // nonce has a bounded length.
+    let (status, _) = issuer
+        .post(
+            "/admin/clients",
+            json!({"client_id": "web", "redirect_uris": [REDIRECT]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER));
+    let long_nonce = "n".repeat(513);
+    for (redirect, nonce) in [
+        ("http://127.0.0.1:2/elsewhere", "n"),
+        (REDIRECT, long_nonce.as_str()),
+    ] {
+        let response = issuer
+            .authorize(&[
+                ("response_type", "code"),
+                ("client_id", "web"),
+                ("redirect_uri", redirect),
+                ("code_challenge", &challenge),
+                ("code_challenge_method", "S256"),
+                ("scope", "openid"),
+                ("nonce", nonce),
+            ])
+            .await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{redirect}");
+    }
 }

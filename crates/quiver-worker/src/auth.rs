@@ -11,7 +11,10 @@ use quiver_model::policy::{CompiledTaskPolicy, PolicyError, TaskPolicy};
 use quiver_model::token::{TokenDigest, bearer};
 use sha2::{Digest as _, Sha256};
 
-use crate::identity::{Identities, Provider, ProviderConfig, ProviderError};
+use quiver_identity::{Identities, Provider, ProviderError};
+use quiver_model::access::IdentityProviderRecord;
+
+use crate::registry_callers::RegistryCallers;
 
 /// The task callers get with `--caller-token` and in dev mode.
 pub const DEFAULT_TASK: &str = "default";
@@ -44,7 +47,7 @@ pub struct CallersConfig {
     /// Serve callers without a token as task `default` (loopback only).
     pub insecure_no_auth: bool,
     /// Identity providers whose JWTs are callers (`[[identity_providers]]`).
-    pub identity_providers: Vec<ProviderConfig>,
+    pub identity_providers: Vec<IdentityProviderRecord>,
 }
 
 /// Why a caller configuration is refused.
@@ -70,11 +73,6 @@ pub enum CallersError {
     /// An identity provider is invalid (names the field).
     #[error(transparent)]
     Provider(#[from] ProviderError),
-    /// Nobody could call the worker.
-    #[error(
-        "no caller configured: pass --caller-token (or [[callers]] or [[identity_providers]] in the config), or --insecure-no-auth on a loopback listener"
-    )]
-    NoCallers,
     /// `--insecure-no-auth` on a public listener.
     #[error("--insecure-no-auth is only allowed on a loopback listener, not {0}")]
     InsecureNotLoopback(SocketAddr),
@@ -150,7 +148,8 @@ impl CallerId {
         }
     }
 
-    /// An identity provider's caller, `oidc:<issuer>#<sub>`.
+    /// A caller the registry names: `key:<id>` for an API key,
+    /// `oidc:<issuer>#<sub>` for an identity provider's caller.
     pub fn of_principal(principal: Arc<str>) -> Self {
         CallerId {
             id: first_8(&principal),
@@ -190,11 +189,6 @@ impl CallerId {
             format!("token:{}", self.tag())
         }
     }
-
-    /// Whether this is an identity provider's caller.
-    pub fn is_oidc(&self) -> bool {
-        self.principal.is_some()
-    }
 }
 
 fn first_8(text: &str) -> [u8; 8] {
@@ -209,8 +203,10 @@ fn first_8(text: &str) -> [u8; 8] {
 pub enum Via {
     /// A configured caller token, or none (`--insecure-no-auth`).
     Static,
-    /// A JWT of a configured identity provider.
+    /// A JWT of an identity provider (configured or the registry's).
     Oidc,
+    /// An API key the registry holds.
+    Key,
 }
 
 impl Via {
@@ -219,6 +215,7 @@ impl Via {
         match self {
             Via::Static => "static",
             Via::Oidc => "oidc",
+            Via::Key => "key",
         }
     }
 }
@@ -282,6 +279,7 @@ pub struct Callers {
     anonymous: Option<Task>,
     identities: Option<Arc<Identities>>,
     tasks: BTreeMap<String, Arc<CompiledTaskPolicy>>,
+    registry: Option<Arc<RegistryCallers>>,
 }
 
 impl Callers {
@@ -319,30 +317,12 @@ impl Callers {
             }
             tokens.push((TokenDigest::of(&caller.token), id, task(&caller.task)?));
         }
-        let mut providers = Vec::with_capacity(config.identity_providers.len());
-        for (at, provider) in config.identity_providers.iter().enumerate() {
-            let provider = Provider::new(at, provider, |name| tasks.contains_key(name))?;
-            if let Some(first) = providers
-                .iter()
-                .position(|p: &Provider| p.name == provider.name || p.issuer == provider.issuer)
-            {
-                return Err(ProviderError {
-                    field: format!("identity_providers[{at}]"),
-                    message: format!(
-                        "same name or issuer as identity_providers[{first}] (each issuer is one provider)"
-                    ),
-                }
-                .into());
-            }
-            providers.push(provider);
-        }
+        let providers = Provider::all(&config.identity_providers, |name| tasks.contains_key(name))?;
         let anonymous = if config.insecure_no_auth {
             if !listen.ip().is_loopback() {
                 return Err(CallersError::InsecureNotLoopback(listen));
             }
             Some(task(DEFAULT_TASK)?)
-        } else if tokens.is_empty() && providers.is_empty() {
-            return Err(CallersError::NoCallers);
         } else {
             None
         };
@@ -352,12 +332,27 @@ impl Callers {
             anonymous,
             identities,
             tasks,
+            registry: None,
         })
     }
 
+    /// Also serves the callers the registry holds (API keys, its policies
+    /// and identity providers), after the configured ones.
+    pub fn with_registry(mut self, registry: Arc<RegistryCallers>) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// The registry's callers, when served.
+    pub fn registry(&self) -> Option<&Arc<RegistryCallers>> {
+        self.registry.as_ref()
+    }
+
     /// The caller of an `Authorization` header value: a configured token
-    /// first (no allocation but the task's clone), then a JWT of an
-    /// identity provider, then the anonymous caller if allowed.
+    /// first (no allocation but the task's clone), then the registry's API
+    /// keys (one map lookup of the same digest), then a JWT of a configured
+    /// identity provider or the registry's, then the anonymous caller if
+    /// allowed.
     pub async fn identify(&self, authorization: Option<&str>) -> Result<Authenticated, Refusal> {
         let token = bearer(authorization);
         if let Some(token) = token {
@@ -374,10 +369,11 @@ impl Callers {
                     via: Via::Static,
                 });
             }
-            if let Some(identities) = &self.identities
-                && crate::identity::verify::looks_like_jwt(token)
-            {
-                return self.of_jwt(identities, token).await;
+            if let Some(found) = self.registry.as_ref().and_then(|r| r.key(&presented)) {
+                return found;
+            }
+            if quiver_identity::verify::looks_like_jwt(token) {
+                return self.of_jwt(token).await;
             }
         }
         match &self.anonymous {
@@ -390,30 +386,57 @@ impl Callers {
         }
     }
 
-    async fn of_jwt(&self, identities: &Identities, token: &str) -> Result<Authenticated, Refusal> {
-        let verified = identities
-            .verify(token)
-            .await
-            .map_err(|why| Refusal::Unauthenticated(format!("bearer token refused: {why}")))?;
-        let policy = verified
-            .task
-            .as_deref()
-            .and_then(|name| self.tasks.get(name).map(|policy| (name, policy)));
-        let Some((name, policy)) = policy else {
-            return Err(Refusal::NoMatchingRule {
-                provider: verified.provider.clone(),
-                principal: verified.principal.to_string(),
-            });
+    /// A JWT: of a configured provider (its rules name configured tasks),
+    /// else of one of the registry's (naming the registry's policies).
+    async fn of_jwt(&self, token: &str) -> Result<Authenticated, Refusal> {
+        let configured = match &self.identities {
+            Some(identities) => identities.verify(token).await,
+            None => Err(quiver_identity::Refused::WrongIssuer),
         };
-        Ok(Authenticated {
-            task: Task {
-                name: name.to_owned(),
-                policy: policy.clone(),
-            },
-            id: CallerId::of_principal(verified.principal.clone()),
-            via: Via::Oidc,
-        })
+        let verified = match (configured, &self.registry) {
+            (Err(quiver_identity::Refused::WrongIssuer), Some(registry)) => {
+                return registry.jwt(token).await.map_err(|refusal| {
+                    refusal.unwrap_or_else(|| {
+                        Refusal::Unauthenticated(format!(
+                            "bearer token refused: {}",
+                            quiver_identity::Refused::WrongIssuer
+                        ))
+                    })
+                });
+            }
+            (verified, _) => verified
+                .map_err(|why| Refusal::Unauthenticated(format!("bearer token refused: {why}")))?,
+        };
+        oidc_caller(&verified, &self.tasks)
     }
+}
+
+/// The caller of a verified JWT: the policy its provider's deciding rule
+/// names, looked up in `policies` (a worker's tasks for a configured
+/// provider, the registry's policies for one of the registry's); 403
+/// `identity_no_matching_rule` without one.
+pub(crate) fn oidc_caller(
+    verified: &quiver_identity::Verified,
+    policies: &BTreeMap<String, Arc<CompiledTaskPolicy>>,
+) -> Result<Authenticated, Refusal> {
+    let policy = verified
+        .policy
+        .as_deref()
+        .and_then(|name| policies.get(name).map(|policy| (name, policy)));
+    let Some((name, policy)) = policy else {
+        return Err(Refusal::NoMatchingRule {
+            provider: verified.provider.clone(),
+            principal: verified.principal.to_string(),
+        });
+    };
+    Ok(Authenticated {
+        task: Task {
+            name: name.to_owned(),
+            policy: policy.clone(),
+        },
+        id: CallerId::of_principal(verified.principal.clone()),
+        via: Via::Oidc,
+    })
 }
 
 #[cfg(test)]

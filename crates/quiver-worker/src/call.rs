@@ -564,6 +564,9 @@ impl ToolRunner {
         };
         let duration = started.elapsed();
         metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);
+        // Who called, by policy (a bounded set), never by principal.
+        metrics::counter!("quiver_worker_calls_by_policy_total", "policy" => task.name.clone(), "status" => status)
+            .increment(1);
         metrics::histogram!("mcp_tool_call_latency_ms", "server_id" => server_id.clone(), "tool" => tool_name.clone())
             .record(duration.as_secs_f64() * 1000.0);
         if status != "ok" {

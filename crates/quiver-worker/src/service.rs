@@ -22,6 +22,7 @@ use crate::gateway::{Gateway, GatewayOptions};
 use crate::health::PoolHealth;
 use crate::http::{ApiState, router};
 use crate::oauth_tokens::TokenCache;
+use crate::registry_callers::RegistryCallers;
 
 /// How the worker runs.
 #[derive(Clone)]
@@ -142,8 +143,10 @@ impl Worker {
                 source,
             })?;
         let addr = listener.local_addr().map_err(WorkerError::Serve)?;
-        let callers = Arc::new(Callers::new(&options.callers, addr)?);
         let sync = SyncService::new(options.sync.clone())?;
+        let registry_callers = Arc::new(RegistryCallers::new(sync.key_uses()));
+        let callers =
+            Arc::new(Callers::new(&options.callers, addr)?.with_registry(registry_callers));
         let tokens = TokenCache::new(sync.tokens());
         let pool = McpPool::new(PoolOptions {
             credentials: Some(Arc::new(tokens.clone())),
@@ -230,6 +233,7 @@ impl Worker {
         tokio::spawn(follow_snapshots(
             state.snapshot.clone(),
             state.runner.pool().clone(),
+            state.callers.registry().cloned(),
             options.warm_up.clone(),
             shutdown.clone(),
         ));
@@ -259,16 +263,22 @@ impl Worker {
     }
 }
 
-/// Applies every new snapshot to the pool and warms up configured servers.
+/// Applies every new snapshot to the registry's callers and the pool, and
+/// warms up configured servers.
 async fn follow_snapshots(
     snapshot: SnapshotHandle,
     pool: McpPool,
+    callers: Option<Arc<RegistryCallers>>,
     warm_up: Vec<String>,
     shutdown: CancellationToken,
 ) {
     let mut updates = snapshot.subscribe();
     loop {
         let update = updates.borrow_and_update().clone();
+        // First: a revoked key is refused before anything else happens.
+        if let Some(callers) = &callers {
+            callers.update(&update.snapshot.access);
+        }
         pool.apply_snapshot(&update.snapshot.servers);
         for id in &warm_up {
             if let Some(server) = update.snapshot.get(id).filter(|s| s.spec.enabled) {

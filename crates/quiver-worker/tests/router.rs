@@ -13,6 +13,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use quiver_mcp::{McpPool, PoolOptions};
+use quiver_model::access::{ClaimRule, IdentityProviderRecord};
 use quiver_model::policy::TaskPolicy;
 use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
 use quiver_store::{Store, UpsertRequest};
@@ -20,12 +21,11 @@ use quiver_sync::{SyncOptions, SyncService};
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use quiver_testkit::registry::{InProcessRegistry, WORKER_TOKEN};
 use quiver_worker::audit::AuditOptions;
-use quiver_worker::auth::{CallerToken, Callers, CallersConfig};
+use quiver_worker::auth::{CallerToken, Callers, CallersConfig, Refusal, Via};
 use quiver_worker::call::ToolRunner;
 use quiver_worker::gateway::rebinding::RebindingGuard;
 use quiver_worker::gateway::{Gateway, GatewayOptions};
 use quiver_worker::http::{ApiState, MAX_REQUEST_BODY_BYTES, router};
-use quiver_worker::identity::{ProviderConfig, RuleConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -54,7 +54,7 @@ impl Edge {
     }
 
     /// With callers from `identity_providers` too.
-    async fn start_with(identity_providers: Vec<ProviderConfig>) -> Edge {
+    async fn start_with(identity_providers: Vec<IdentityProviderRecord>) -> Edge {
         let registry = InProcessRegistry::sqlite(|_| {}).await;
         let mut spec = McpServerSpec::new("kit", Transport::Stdio);
         spec.stdio = Some(StdioConfig {
@@ -383,22 +383,26 @@ fn mint(issuer: &quiver_testkit::oidc_issuer::OidcIssuer, claims: Value, ttl: i6
         .unwrap()
 }
 
+/// Provider `corp` of `issuer`: `groups` containing `team-a` gets `task`.
+fn corp(issuer: &str, task: &str) -> IdentityProviderRecord {
+    IdentityProviderRecord {
+        name: "corp".into(),
+        issuer: issuer.into(),
+        audiences: vec!["quiver".into()],
+        rules: vec![ClaimRule {
+            claim: "groups".into(),
+            contains: Some("team-a".into()),
+            policy: Some(task.into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_callers_on_the_tool_api_and_the_gateway() {
     let issuer = oidc_issuer().await;
-    let edge = Edge::start_with(vec![ProviderConfig {
-        name: "corp".into(),
-        issuer: issuer.issuer().into(),
-        audiences: vec!["quiver".into()],
-        clock_skew_secs: None,
-        rules: vec![RuleConfig {
-            claim: "groups".into(),
-            contains: Some("team-a".into()),
-            equals: None,
-            task: "default".into(),
-        }],
-    }])
-    .await;
+    let edge = Edge::start_with(vec![corp(issuer.issuer(), "default")]).await;
     let alice = mint(&issuer, json!({"sub": "alice", "groups": ["team-a"]}), 300);
 
     let (status, _, body) = edge
@@ -462,4 +466,79 @@ async fn oidc_callers_on_the_tool_api_and_the_gateway() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_error(&body, "identity_no_matching_rule", false);
+}
+
+#[tokio::test]
+async fn callers_take_static_tokens_first_then_jwts() {
+    let issuer = oidc_issuer().await;
+    let config = CallersConfig {
+        callers: vec![CallerToken {
+            token: "static-token".into(),
+            task: "default".into(),
+        }],
+        tasks: BTreeMap::from([(
+            "team-a".to_owned(),
+            TaskPolicy {
+                allowed_server_ids: Some(vec!["x".into()]),
+                ..Default::default()
+            },
+        )]),
+        identity_providers: vec![corp(issuer.issuer(), "team-a")],
+        ..Default::default()
+    };
+    let callers = Callers::new(&config, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let header = |token: &str| format!("Bearer {token}");
+    let fixed = callers
+        .identify(Some(&header("static-token")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (fixed.via, fixed.task.name.as_str()),
+        (Via::Static, "default")
+    );
+    assert!(fixed.id.principal().starts_with("token:"));
+
+    let team_a = json!({"sub": "alice", "groups": ["team-a"]});
+    let jwt = mint(&issuer, team_a.clone(), 300);
+    let alice = callers.identify(Some(&header(&jwt))).await.unwrap();
+    assert_eq!((alice.via, alice.task.name.as_str()), (Via::Oidc, "team-a"));
+    assert_eq!(
+        alice.id.principal(),
+        format!("oidc:{}#alice", issuer.issuer())
+    );
+    // The same person with a fresh token is the same caller.
+    let refreshed = callers
+        .identify(Some(&header(&mint(&issuer, team_a, 600))))
+        .await
+        .unwrap();
+    assert_eq!(refreshed.id, alice.id);
+    assert_eq!(refreshed.id.tag(), alice.id.tag());
+
+    let stranger = mint(&issuer, json!({"sub": "eve", "groups": []}), 300);
+    let refusal = callers
+        .identify(Some(&header(&stranger)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal.code(),
+        quiver_mcp::ErrorCode::IdentityNoMatchingRule
+    );
+    assert_eq!(refusal.code().http_status().as_u16(), 403);
+    assert!(
+        refusal.message().contains("identity provider corp"),
+        "{}",
+        refusal.message()
+    );
+
+    let expired = mint(&issuer, json!({"sub": "alice", "groups": ["team-a"]}), -600);
+    let refusal = callers.identify(Some(&header(&expired))).await.unwrap_err();
+    assert_eq!(
+        refusal,
+        Refusal::Unauthenticated("bearer token refused: token expired".into())
+    );
+    assert!(!refusal.message().contains(&expired), "never the token");
+    assert!(matches!(
+        callers.identify(Some("Bearer not-a-jwt")).await,
+        Err(Refusal::Unauthenticated(_))
+    ));
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use quiver_mcp::PoolOptions;
+use quiver_model::access::{ClaimRule, IdentityProviderRecord};
 use serde::Deserialize;
 
 use crate::telemetry::LogFormat;
@@ -51,7 +52,7 @@ pub struct RegistryFile {
     /// Egress allowlist of tool previews.
     #[serde(default)]
     pub egress: EgressSection,
-    /// `mcp.d` settings.
+    /// `mcp.d` and `policies.d` settings.
     #[serde(default)]
     pub mcp: McpSection,
     /// TLS of the gRPC and HTTP listeners.
@@ -409,14 +410,17 @@ pub struct IdentityRuleEntry {
     pub contains: Option<String>,
     /// The claim (a string) equals this.
     pub equals: Option<String>,
-    /// The task the caller gets.
+    /// The task the caller gets (also spelled `policy`, the registry's
+    /// name for it).
+    #[serde(alias = "policy")]
     pub task: String,
 }
 
 impl IdentityProviderEntry {
-    /// As the worker takes it.
-    pub fn into_config(self) -> quiver_worker::identity::ProviderConfig {
-        quiver_worker::identity::ProviderConfig {
+    /// As the registry holds it: the task is the rule's policy; a worker's
+    /// config gives no registry roles and no web sign-in.
+    pub fn into_config(self) -> IdentityProviderRecord {
+        IdentityProviderRecord {
             name: self.name,
             issuer: self.issuer,
             audiences: self.audiences,
@@ -424,13 +428,15 @@ impl IdentityProviderEntry {
             rules: self
                 .rules
                 .into_iter()
-                .map(|rule| quiver_worker::identity::RuleConfig {
+                .map(|rule| ClaimRule {
                     claim: rule.claim,
                     contains: rule.contains,
                     equals: rule.equals,
-                    task: rule.task,
+                    policy: Some(rule.task),
+                    roles: Vec::new(),
                 })
                 .collect(),
+            web_client_id: None,
         }
     }
 }
@@ -646,15 +652,18 @@ pub fn token_or_file(
     }
 }
 
-/// `[mcp]` of the registry config.
+/// `[mcp]` of the registry config: the directories of record files
+/// (`mcp.d`, `policies.d`) and how they are read.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpSection {
     /// Directory of `*.toml` / `*.json` server files.
     pub dir: Option<PathBuf>,
-    /// Reject unknown fields and any invalid file.
+    /// Directory of `*.toml` / `*.json` policy and identity provider files.
+    pub policies_dir: Option<PathBuf>,
+    /// Reject unknown fields and any invalid file (both directories).
     pub strict: Option<bool>,
-    /// Periodic rescan in seconds (0 disables the timer).
+    /// Periodic rescan in seconds (0 disables the timer; both directories).
     pub rescan_interval_secs: Option<u64>,
 }
 
@@ -729,6 +738,7 @@ mod tests {
         let config: RegistryFile = load(Some(&path)).unwrap();
         assert!(config.database_url.is_some());
         assert!(config.mcp.dir.is_some());
+        assert!(config.mcp.policies_dir.is_some());
     }
 
     #[test]
@@ -781,10 +791,10 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "identity_providers[0].rules[1].task: no such task \"nope\""
+            "identity_providers[0].rules[1].policy: no such policy \"nope\""
         );
         let mut fixed = config.clone();
-        fixed.identity_providers[0].rules[1].task = "default".into();
+        fixed.identity_providers[0].rules[1].policy = Some("default".into());
         quiver_worker::auth::Callers::new(&fixed, listen)
             .expect("identity providers alone are callers enough");
         let mut public = fixed.clone();
@@ -797,6 +807,15 @@ mod tests {
         let typo = text.replace("contains = \"team-a\"", "contain = \"team-a\"");
         let err = toml::from_str::<WorkerFile>(&typo).unwrap_err().to_string();
         assert!(err.contains("unknown field `contain`"), "{err}");
+        let spelled = text.replace("task = \"team-a\"", "policy = \"team-a\"");
+        let file: WorkerFile = toml::from_str(&spelled).unwrap();
+        let record = file
+            .identity_providers
+            .into_iter()
+            .next()
+            .unwrap()
+            .into_config();
+        assert_eq!(record.rules[0].policy.as_deref(), Some("team-a"));
     }
 
     #[test]

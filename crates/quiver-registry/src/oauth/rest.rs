@@ -87,18 +87,6 @@ async fn connect(
     })
 }
 
-/// The value of cookie `name` among the request's `Cookie` headers.
-fn cookie_value(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(key, _)| *key == name)
-        .map(|(_, value)| value.trim_matches('"').to_owned())
-}
-
 /// `GET /admin/oauth/callback`: on success back to the web admin's OAuth
 /// page; on failure a page naming the failed step (nothing was stored).
 pub async fn callback(
@@ -110,7 +98,7 @@ pub async fn callback(
         Ok(Query(params)) => {
             state
                 .oauth
-                .callback(params, |name| cookie_value(&headers, name))
+                .callback(params, |name| crate::signin::cookie_value(&headers, name))
                 .await
         }
         Err(err) => Err(RegistryError::InvalidArgument {

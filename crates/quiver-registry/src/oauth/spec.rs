@@ -116,16 +116,7 @@ fn check_value(field: &str, value: &str) -> Result<(), RegistryError> {
 impl OAuthConnectionSpec {
     /// Parses a request body; errors name the field.
     pub fn from_json(body: &[u8]) -> Result<Self, RegistryError> {
-        let mut deserializer = serde_json::Deserializer::from_slice(body);
-        let spec: OAuthConnectionSpec = serde_path_to_error::deserialize(&mut deserializer)
-            .map_err(|err| {
-                let path = err.path().to_string();
-                let field = if path == "." { None } else { Some(path) };
-                RegistryError::InvalidArgument {
-                    field,
-                    message: err.inner().to_string(),
-                }
-            })?;
+        let spec: OAuthConnectionSpec = crate::error::parse_json(body)?;
         spec.validate()?;
         Ok(spec)
     }

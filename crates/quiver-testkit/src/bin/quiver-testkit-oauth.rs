@@ -5,7 +5,10 @@
 //! `{"listening":"http://ADDR","mcp":"http://ADDR/mcp"}`: the issuer and the
 //! protected MCP endpoint. Logs go to stderr. The issuer is also a test
 //! OpenID Connect provider (`quiver_testkit::oidc_issuer`: discovery, JWKS,
-//! `POST /admin/oidc/mint` and `/admin/oidc/rotate`).
+//! `POST /admin/oidc/mint` and `/admin/oidc/rotate`), and signs people in:
+//! a code granted for scope `openid` also yields an `id_token` with the
+//! claims of `POST /admin/oidc/person`, for clients such as the registry's
+//! web admin pre-registered as public clients by `POST /admin/clients`.
 
 use std::io::Write as _;
 use std::time::Duration;

@@ -35,7 +35,8 @@ pub struct Stack {
     /// The worker's MCP pool.
     pub pool: McpPool,
     worker: tokio::task::JoinHandle<()>,
-    registry: InProcessRegistry,
+    /// The registry the worker follows (its admin REST creates API keys).
+    pub registry: InProcessRegistry,
 }
 
 impl Stack {

@@ -3,7 +3,7 @@
 //! `notifications/resources/updated`).
 //!
 //! Two sources of change: the registry (a new snapshot changes the records
-//! of some servers) and the servers themselves (their own list_changed and
+//! of some servers, or the policy a session's caller has) and the servers themselves (their own list_changed and
 //! resource updates, published by the pool, see `quiver_mcp::relay`). A
 //! session is told about a server its endpoint covers and its caller's task
 //! selects (before or after the change). Notifications are sent from one
@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Task;
 use crate::gateway::scope::Scope;
+use crate::registry_callers::changed_policies;
 
 /// The caller a request is for, as the edge attached it to the request
 /// (the digest sessions are bound to and counted by per caller).
@@ -279,12 +280,19 @@ pub async fn follow_changes(
                 }
                 let update = updates.borrow_and_update().clone();
                 let ids = update.changed_since(&seen);
+                // A registry policy edit changes what its callers may use.
+                let policies = if update.access_changed_since(&seen) {
+                    changed_policies(&seen.access, &update.snapshot.access)
+                } else {
+                    Vec::new()
+                };
                 seen = update.snapshot.clone();
                 for session in sessions.all() {
-                    let concerned = ids.iter().any(|id| {
-                        session.concerns(update.snapshot.get(id).map(AsRef::as_ref))
-                            || session.concerns(update.previous.get(id).map(AsRef::as_ref))
-                    });
+                    let concerned = policies.contains(&session.task.name)
+                        || ids.iter().any(|id| {
+                            session.concerns(update.snapshot.get(id).map(AsRef::as_ref))
+                                || session.concerns(update.previous.get(id).map(AsRef::as_ref))
+                        });
                     if concerned {
                         notify(&session, everything).await;
                     }

@@ -1,7 +1,7 @@
 //! `quiver dev`: the whole system in one process, offline, with no set-up:
 //! the registry on the embedded SQLite store with `config/mcp.d` loaded
-//! (including the bundled example MCP server, `quiver mcp-example`), and a
-//! worker following it. No credentials: loopback only, said in the banner.
+//! (including the bundled example MCP server, `quiver mcp-example`) and
+//! `config/policies.d` (example policies), and a worker following it. No credentials: loopback only, said in the banner.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use clap::Args;
 use quiver_mcp::PoolOptions;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
-use quiver_registry::state::{McpDir, PreviewEnv};
+use quiver_registry::state::{BootstrapDir, PreviewEnv};
 use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
 use quiver_sync::SyncOptions;
 use quiver_worker::auth::CallersConfig;
@@ -25,7 +25,8 @@ use super::signals::{shutdown_on_signal, take_over_sighup};
 use crate::config::{LogSection, UpstreamSection};
 use crate::telemetry;
 
-/// `mcp.d` rescan period of `quiver dev`: edits show up within seconds.
+/// `mcp.d` and `policies.d` rescan period of `quiver dev`: edits show up
+/// within seconds.
 const DEV_RESCAN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How long `quiver dev`'s worker waits for requests in flight at shutdown.
@@ -44,6 +45,9 @@ pub struct DevArgs {
     /// Directory of mcp.d server files.
     #[arg(long, env = "QUIVER_MCP_DIR", default_value = "config/mcp.d")]
     pub mcp_dir: PathBuf,
+    /// Directory of policies.d files (policies and identity providers).
+    #[arg(long, env = "QUIVER_POLICIES_DIR", default_value = "config/policies.d")]
+    pub policies_dir: PathBuf,
     /// Registry gRPC listen address (must be loopback).
     #[arg(long, env = "QUIVER_GRPC_LISTEN", default_value_t = DEFAULT_GRPC_LISTEN)]
     pub grpc_listen: SocketAddr,
@@ -103,8 +107,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 insecure_no_auth: true,
                 ..Default::default()
             },
-            mcp_dir: Some(McpDir {
+            mcp_dir: Some(BootstrapDir {
                 path: args.mcp_dir.clone(),
+                strictness: Strictness::Lenient,
+            }),
+            policies_dir: Some(BootstrapDir {
+                path: args.policies_dir.clone(),
                 strictness: Strictness::Lenient,
             }),
             rescan_interval: Some(DEV_RESCAN_INTERVAL),
@@ -146,7 +154,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     )
     .await?;
     eprintln!(
-        "quiver dev: registry on {db} with {dir} loaded, and a worker\n  \
+        "quiver dev: registry on {db} with {dir} and {policies} loaded, and a worker\n  \
          registry gRPC  http://{grpc}   (quiver servers list)\n  \
          registry HTTP  http://{http}/admin/api/mcp/servers\n  \
          worker   HTTP  http://{worker}/v1/mcp/tools   /v1/chat/completions ({chat})\n  \
@@ -154,6 +162,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
          AUTHENTICATION DISABLED (--insecure-no-auth): loopback only, every caller is admin",
         db = args.database_url,
         dir = args.mcp_dir.display(),
+        policies = args.policies_dir.display(),
         grpc = registry.grpc_addr(),
         http = registry.http_addr(),
         worker = worker.http_addr(),

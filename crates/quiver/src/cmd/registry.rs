@@ -10,7 +10,7 @@ use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::feed::FeedOptions;
 use quiver_registry::oauth::seal::Keyring;
-use quiver_registry::state::McpDir;
+use quiver_registry::state::BootstrapDir;
 use quiver_registry::{
     ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
     RegistryOptions,
@@ -46,6 +46,10 @@ pub struct RegistryArgs {
     /// Directory of mcp.d server files to load and keep in sync.
     #[arg(long, env = "QUIVER_MCP_DIR")]
     pub mcp_dir: Option<PathBuf>,
+    /// Directory of policies.d files (policies and identity providers) to
+    /// load and keep in sync, with mcp.d.
+    #[arg(long, env = "QUIVER_POLICIES_DIR")]
+    pub policies_dir: Option<PathBuf>,
     /// Admin token (read and write); prefer QUIVER_ADMIN_TOKEN or
     /// --admin-token-file (flags are visible in `ps`).
     #[arg(long, env = "QUIVER_ADMIN_TOKEN", hide_env_values = true)]
@@ -116,15 +120,16 @@ pub struct RegistryArgs {
     /// Serve without credentials; only allowed on loopback listeners.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
-    /// Reject unknown fields and any invalid mcp.d file.
+    /// Reject unknown fields and any invalid mcp.d or policies.d file.
     #[arg(long, env = "QUIVER_STRICT")]
     pub strict: bool,
-    /// Validate mcp.d and print the changes it would make, then exit.
+    /// Validate mcp.d and policies.d and print the changes they would make,
+    /// then exit.
     #[arg(long)]
     pub dry_run: bool,
-    /// Periodic mcp.d rescan in seconds, 0 to disable.
+    /// Periodic mcp.d and policies.d rescan in seconds, 0 to disable.
     #[arg(long, env = "QUIVER_RESCAN_INTERVAL_SECS",
-        help = format!("Periodic mcp.d rescan in seconds, 0 to disable [default: {}]",
+        help = format!("Periodic mcp.d and policies.d rescan in seconds, 0 to disable [default: {}]",
             RegistryOptions::default().rescan_interval.map_or(0, |every| every.as_secs())))]
     pub rescan_interval_secs: Option<u64>,
     /// Watch heartbeat period in seconds.
@@ -160,12 +165,18 @@ pub struct RegistrySettings {
 pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
     let file: RegistryFile = config::load(args.config.as_deref())?;
     let defaults = RegistryOptions::default();
-    let mcp_dir = args.mcp_dir.or_else(|| {
-        file.mcp
-            .dir
-            .map(|dir| config::relative_to(args.config.as_deref(), dir))
-    });
-    let strict = args.strict || file.mcp.strict.unwrap_or(false);
+    let strictness = if args.strict || file.mcp.strict.unwrap_or(false) {
+        Strictness::Strict
+    } else {
+        Strictness::Lenient
+    };
+    // Flag or variable, else the config file's key (relative to the file).
+    let bootstrap_dir = |flag: Option<PathBuf>, key: Option<PathBuf>| {
+        flag.or_else(|| key.map(|dir| config::relative_to(args.config.as_deref(), dir)))
+            .map(|path| BootstrapDir { path, strictness })
+    };
+    let mcp_dir = bootstrap_dir(args.mcp_dir, file.mcp.dir);
+    let policies_dir = bootstrap_dir(args.policies_dir, file.mcp.policies_dir);
     let rescan_interval = match args.rescan_interval_secs.or(file.mcp.rescan_interval_secs) {
         Some(0) => None,
         Some(secs) => Some(Duration::from_secs(secs)),
@@ -228,14 +239,8 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
             viewer_token: viewer_token.or(file.viewer_token),
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         },
-        mcp_dir: mcp_dir.map(|path| McpDir {
-            path,
-            strictness: if strict {
-                Strictness::Strict
-            } else {
-                Strictness::Lenient
-            },
-        }),
+        mcp_dir,
+        policies_dir,
         rescan_interval,
         feed: FeedOptions {
             heartbeat: args
@@ -297,26 +302,51 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("opening store {}", redact_url(&settings.database_url)))?;
     if dry_run {
-        let dir = settings
-            .options
-            .mcp_dir
-            .context("--dry-run needs an mcp.d directory (--mcp-dir)")?;
-        let scan = quiver_bootstrap::scan(&dir.path, dir.strictness)?;
-        for warning in &scan.warnings {
-            eprintln!("warning: {warning}");
-        }
-        for error in &scan.errors {
-            eprintln!("error: {}: {}", error.file, error.message);
-        }
-        let plan = quiver_bootstrap::plan(store.as_ref(), &scan).await?;
-        print!("{}", plan.render());
-        return Ok(());
+        return dry_run_plans(store.as_ref(), &settings.options).await;
     }
     let mut options = settings.options;
     options.metrics = Some(telemetry::init_metrics()?);
     let served = serve(store, options, "registry").await;
     tracing_guard.shutdown();
     served
+}
+
+/// `--dry-run`: the plan of each configured directory, `mcp.d` then
+/// `policies.d`, each under a heading naming it; scan warnings and invalid
+/// files (lenient mode) on stderr. Writes nothing.
+async fn dry_run_plans(
+    store: &dyn quiver_store::Store,
+    options: &RegistryOptions,
+) -> anyhow::Result<()> {
+    if options.mcp_dir.is_none() && options.policies_dir.is_none() {
+        anyhow::bail!(
+            "--dry-run needs an mcp.d or policies.d directory (--mcp-dir, --policies-dir)"
+        );
+    }
+    if let Some(dir) = &options.mcp_dir {
+        let scan = quiver_bootstrap::scan(&dir.path, dir.strictness)?;
+        print_scan_notes(&dir.path, &scan);
+        let plan = quiver_bootstrap::plan(store, &scan).await?;
+        println!("# mcp.d {}", dir.path.display());
+        print!("{}", plan.render());
+    }
+    if let Some(dir) = &options.policies_dir {
+        let scan = quiver_bootstrap::policies::scan(&dir.path, dir.strictness)?;
+        print_scan_notes(&dir.path, &scan);
+        let plan = quiver_bootstrap::policies::plan(store, &scan).await?;
+        println!("# policies.d {}", dir.path.display());
+        print!("{}", plan.render());
+    }
+    Ok(())
+}
+
+fn print_scan_notes<R>(dir: &std::path::Path, scan: &quiver_bootstrap::Scan<R>) {
+    for warning in &scan.warnings {
+        eprintln!("warning: {warning}");
+    }
+    for error in &scan.errors {
+        eprintln!("error: {}", error.display_in(dir));
+    }
 }
 
 /// Starts a registry and serves it until Ctrl-C or SIGTERM.
@@ -382,6 +412,13 @@ mod tests {
             "{}",
             dir.display()
         );
+        let policies = settings.options.policies_dir.unwrap();
+        assert!(
+            policies.path.ends_with("config/policies.d"),
+            "{}",
+            policies.path.display()
+        );
+        assert_eq!(policies.strictness, Strictness::Lenient);
     }
 
     #[test]

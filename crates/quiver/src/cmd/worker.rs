@@ -40,7 +40,9 @@ pub struct WorkerArgs {
     /// system roots].
     #[arg(long, env = "QUIVER_REGISTRY_CA")]
     pub registry_ca: Option<PathBuf>,
-    /// A caller token of task "default" (repeatable; comma-separated in the env).
+    /// A caller token of task "default" (repeatable; comma-separated in the
+    /// env). Optional: without one the worker serves the registry's callers
+    /// (API keys, identity providers) only.
     #[arg(
         long = "caller-token",
         env = "QUIVER_CALLER_TOKEN",

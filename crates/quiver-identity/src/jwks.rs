@@ -14,7 +14,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use serde_json::Value;
 
-use crate::identity::provider::check_url;
+use quiver_model::access::check_issuer_url;
 
 /// Time allowed for one discovery or JWKS request.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -79,9 +79,10 @@ struct State {
     failing: bool,
 }
 
-/// The key set of one provider.
+/// The key set of one issuer. It holds no provider name (log lines take
+/// the one [`Jwks::key`] is given), so a provider renamed or with new rules
+/// keeps its keys as long as its issuer is the same.
 pub struct Jwks {
-    provider: String,
     issuer: String,
     client: reqwest::Client,
     state: Mutex<State>,
@@ -90,9 +91,8 @@ pub struct Jwks {
 
 impl Jwks {
     /// The (not yet fetched) key set of `issuer`.
-    pub fn new(provider: &str, issuer: &str, client: reqwest::Client) -> Self {
+    pub fn new(issuer: &str, client: reqwest::Client) -> Self {
         Jwks {
-            provider: provider.to_owned(),
             issuer: issuer.to_owned(),
             client,
             state: Mutex::default(),
@@ -101,8 +101,9 @@ impl Jwks {
     }
 
     /// The key `kid` names (or the only key when the token names none),
-    /// fetching the set when needed.
-    pub async fn key(&self, kid: Option<&str>) -> Lookup {
+    /// fetching the set when needed; `provider` names the issuer's provider
+    /// in log lines.
+    pub async fn key(&self, provider: &str, kid: Option<&str>) -> Lookup {
         if let Some(found) = self.cached(kid, true) {
             return Lookup::Found(found);
         }
@@ -137,7 +138,7 @@ impl Jwks {
             match result {
                 Ok((jwks_uri, keys)) => {
                     if state.failing {
-                        tracing::info!(provider = %self.provider, "identity provider reachable again");
+                        tracing::info!(%provider, "identity provider reachable again");
                     }
                     state.failing = false;
                     state.keys = Some(Arc::new(keys));
@@ -147,7 +148,7 @@ impl Jwks {
                 }
                 Err(error) => {
                     if !state.failing {
-                        tracing::warn!(provider = %self.provider, issuer = %self.issuer, %error, "identity provider keys cannot be fetched; its callers are refused until it answers");
+                        tracing::warn!(%provider, issuer = %self.issuer, %error, "identity provider keys cannot be fetched; its callers are refused until it answers");
                     }
                     state.failing = true;
                     state.jwks_uri = None;
@@ -222,7 +223,7 @@ impl Jwks {
             .get("jwks_uri")
             .and_then(Value::as_str)
             .ok_or_else(|| format!("{url}: no jwks_uri"))?;
-        check_url(jwks_uri).map_err(|e| format!("{url}: jwks_uri: {e}"))
+        check_issuer_url(jwks_uri).map_err(|e| format!("{url}: jwks_uri: {e}"))
     }
 }
 

@@ -15,8 +15,9 @@ use jsonwebtoken::jwk::{Jwk, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 
+use quiver_model::access::{ClaimRule, IdentityProviderRecord};
+
 use super::*;
-use crate::identity::provider::RuleConfig;
 
 /// A signing key and its public JWK.
 struct SigningKey {
@@ -92,20 +93,24 @@ async fn issuer(keys: &[&SigningKey]) -> (Arc<Issuer>, String) {
     (state, url)
 }
 
-fn provider(issuer: &str) -> Provider {
-    let config = ProviderConfig {
+fn record(issuer: &str) -> IdentityProviderRecord {
+    IdentityProviderRecord {
         name: "corp".into(),
         issuer: issuer.into(),
         audiences: vec!["quiver".into()],
         clock_skew_secs: Some(30),
-        rules: vec![RuleConfig {
+        rules: vec![ClaimRule {
             claim: "groups".into(),
             contains: Some("team-a".into()),
-            equals: None,
-            task: "team-a".into(),
+            policy: Some("team-a".into()),
+            ..Default::default()
         }],
-    };
-    Provider::new(0, &config, |_| true).unwrap()
+        ..Default::default()
+    }
+}
+
+fn provider(issuer: &str) -> Provider {
+    Provider::new(0, &record(issuer), |_| true).unwrap()
 }
 
 fn claims(issuer: &str, sub: &str) -> Value {
@@ -134,7 +139,12 @@ async fn valid_tokens_are_callers_and_every_flaw_is_refused() {
     let token = key.sign(&claims(&url, "alice"));
     let alice = identities.verify(&token).await.unwrap();
     assert_eq!(&*alice.principal, format!("oidc:{url}#alice"));
-    assert_eq!(alice.task.as_deref(), Some("team-a"));
+    assert_eq!(alice.policy.as_deref(), Some("team-a"));
+    assert_eq!(alice.rule, Some(0));
+    assert_eq!(
+        (alice.subject.as_str(), alice.issuer.as_str()),
+        ("alice", url.as_str())
+    );
     assert_eq!(fetches(&state), (1, 1));
     let again = identities.verify(&token).await.unwrap();
     assert!(
@@ -144,7 +154,8 @@ async fn valid_tokens_are_callers_and_every_flaw_is_refused() {
     assert_eq!(identities.remembered(), 1);
 
     let no_rule = key.sign(&with(claims(&url, "bob"), "groups", json!(["team-z"])));
-    assert_eq!(identities.verify(&no_rule).await.unwrap().task, None);
+    let bob = identities.verify(&no_rule).await.unwrap();
+    assert_eq!((bob.policy.as_deref(), bob.rule), (None, None));
 
     let now = now_secs() as i64;
     let refused = async |token: String| identities.verify(&token).await.unwrap_err();
@@ -335,85 +346,105 @@ async fn an_unreachable_issuer_is_a_401_until_it_answers() {
 }
 
 #[tokio::test]
-async fn callers_take_static_tokens_first_then_jwts() {
-    use crate::auth::{CallerToken, Callers, CallersConfig, Refusal, Via};
-    use quiver_mcp::ErrorCode;
+async fn the_deciding_rule_gives_policy_roles_and_its_index() {
+    use quiver_model::access::Role;
 
     let key = SigningKey::es256("k1");
     let (_state, url) = issuer(&[&key]).await;
-    let mut tasks = std::collections::BTreeMap::new();
-    tasks.insert(
-        "team-a".to_owned(),
-        serde_json::from_value(json!({"allowed_server_ids": ["x"]})).unwrap(),
+    let mut with_roles = record(&url);
+    with_roles.rules.insert(
+        0,
+        ClaimRule {
+            claim: "email".into(),
+            equals: Some("boss@example.com".into()),
+            policy: Some("all".into()),
+            roles: vec![Role::Admin, Role::Approver],
+            ..Default::default()
+        },
     );
-    let config = CallersConfig {
-        callers: vec![CallerToken {
-            token: "static-token".into(),
-            task: "default".into(),
-        }],
-        tasks,
-        identity_providers: vec![ProviderConfig {
-            name: "corp".into(),
-            issuer: url.clone(),
-            audiences: vec!["quiver".into()],
-            clock_skew_secs: None,
-            rules: vec![RuleConfig {
-                claim: "groups".into(),
-                contains: Some("team-a".into()),
-                equals: None,
-                task: "team-a".into(),
-            }],
-        }],
-        ..Default::default()
-    };
-    let callers = Callers::new(&config, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let header = |token: &str| format!("Bearer {token}");
-    let fixed = callers
-        .identify(Some(&header("static-token")))
-        .await
-        .unwrap();
-    assert_eq!(
-        (fixed.via, fixed.task.name.as_str()),
-        (Via::Static, "default")
-    );
-    assert!(fixed.id.principal().starts_with("token:"));
+    let identities = Identities::new(vec![Provider::new(0, &with_roles, |_| true).unwrap()]);
 
-    let jwt = key.sign(&claims(&url, "alice"));
-    let alice = callers.identify(Some(&header(&jwt))).await.unwrap();
-    assert_eq!((alice.via, alice.task.name.as_str()), (Via::Oidc, "team-a"));
-    assert_eq!(alice.id.principal(), format!("oidc:{url}#alice"));
-    // The same person with a fresh token is the same caller.
-    let mut later = claims(&url, "alice");
-    later["exp"] = json!(now_secs() + 600);
-    let refreshed = callers
-        .identify(Some(&header(&key.sign(&later))))
-        .await
-        .unwrap();
-    assert_eq!(refreshed.id, alice.id);
-    assert_eq!(refreshed.id.tag(), alice.id.tag());
-
-    let stranger = key.sign(&with(claims(&url, "eve"), "groups", json!([])));
-    let refusal = callers
-        .identify(Some(&header(&stranger)))
-        .await
-        .unwrap_err();
-    assert_eq!(refusal.code(), ErrorCode::IdentityNoMatchingRule);
-    assert_eq!(refusal.code().http_status().as_u16(), 403);
-    assert!(
-        refusal.message().contains("identity provider corp"),
-        "{}",
-        refusal.message()
-    );
-
-    let expired = key.sign(&with(claims(&url, "alice"), "exp", json!(1)));
-    let refusal = callers.identify(Some(&header(&expired))).await.unwrap_err();
-    assert_eq!(
-        refusal,
-        Refusal::Unauthenticated("bearer token refused: token expired".into())
-    );
-    assert!(!refusal.message().contains(&expired), "never the token");
-    assert!(matches!(
-        callers.identify(Some("Bearer not-a-jwt")).await,
-        Err(Refusal::Unauthenticated(_))
+    let boss = key.sign(&with(
+        claims(&url, "boss"),
+        "email",
+        json!("boss@example.com"),
     ));
+    let boss = identities.verify(&boss).await.unwrap();
+    assert_eq!(boss.policy.as_deref(), Some("all"));
+    assert_eq!(boss.roles, vec![Role::Admin, Role::Approver]);
+    assert_eq!(boss.rule, Some(0));
+
+    let alice = identities
+        .verify(&key.sign(&claims(&url, "alice")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (alice.policy.as_deref(), alice.roles.as_slice(), alice.rule),
+        (Some("team-a"), &[][..], Some(1))
+    );
+}
+
+#[tokio::test]
+async fn replacing_providers_keeps_the_keys_of_an_unchanged_issuer() {
+    let key = SigningKey::es256("k1");
+    let (state, url) = issuer(&[&key]).await;
+    let identities = Identities::new(vec![provider(&url)]);
+    let token = key.sign(&claims(&url, "alice"));
+    assert_eq!(
+        identities.verify(&token).await.unwrap().policy.as_deref(),
+        Some("team-a")
+    );
+    assert_eq!(fetches(&state), (1, 1));
+
+    // A rule edit (and a rename): the same issuer keeps its keys, the
+    // remembered caller is forgotten and mapped by the new rules.
+    let mut edited = record(&url);
+    edited.name = "renamed".into();
+    edited.rules[0].policy = Some("team-b".into());
+    identities.replace(vec![Provider::new(0, &edited, |_| true).unwrap()]);
+    assert_eq!(identities.remembered(), 0);
+    let alice = identities.verify(&token).await.unwrap();
+    assert_eq!(
+        (alice.provider.as_str(), alice.policy.as_deref()),
+        ("renamed", Some("team-b"))
+    );
+    assert_eq!(fetches(&state), (1, 1), "no refetch for a rule edit");
+
+    // Another issuer gets its own keys, fetched on first use.
+    let other_key = SigningKey::es256("o1");
+    let (other_state, other_url) = issuer(&[&other_key]).await;
+    identities.replace(vec![provider(&other_url), provider(&url)]);
+    identities
+        .verify(&other_key.sign(&claims(&other_url, "bob")))
+        .await
+        .unwrap();
+    identities.verify(&token).await.unwrap();
+    assert_eq!(fetches(&other_state), (1, 1));
+    assert_eq!(fetches(&state), (1, 1));
+
+    // Without providers every token is of a wrong issuer; the keys of a
+    // dropped issuer go with it.
+    identities.replace(Vec::new());
+    assert!(identities.is_empty());
+    assert_eq!(
+        identities.verify(&token).await.unwrap_err(),
+        Refused::WrongIssuer
+    );
+    identities.replace(vec![provider(&url)]);
+    identities.verify(&token).await.unwrap();
+    assert_eq!(fetches(&state), (2, 2), "a dropped issuer is fetched anew");
+}
+
+#[tokio::test]
+async fn no_providers_refuse_every_token_as_of_a_wrong_issuer() {
+    let key = SigningKey::es256("k1");
+    let identities = Identities::new(Vec::new());
+    assert!(identities.is_empty());
+    assert_eq!(
+        identities
+            .verify(&key.sign(&claims("https://idp.example.com", "alice")))
+            .await
+            .unwrap_err(),
+        Refused::WrongIssuer
+    );
 }

@@ -7,8 +7,8 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
-use crate::identity::jwks::{ALLOWED, Jwks, Lookup};
-use crate::identity::provider::Provider;
+use crate::jwks::{ALLOWED, Jwks, Lookup};
+use crate::provider::Provider;
 
 /// Longest `sub` accepted.
 pub const MAX_SUB_CHARS: usize = 255;
@@ -40,7 +40,7 @@ pub enum Refused {
     /// The signature does not verify.
     #[error("bad signature")]
     BadSignature,
-    /// A claim the worker needs is missing or unusable (`sub`: not a
+    /// A claim a caller needs is missing or unusable (`sub`: not a
     /// string of 1 to 255 characters without control characters).
     #[error("claim {0} missing or invalid")]
     MissingClaim(String),
@@ -122,7 +122,7 @@ pub async fn verify(
     keys: &Jwks,
 ) -> Result<Map<String, Value>, Refused> {
     let alg = allowed_algorithm(&header.alg)?;
-    let key = match keys.key(header.kid.as_deref()).await {
+    let key = match keys.key(&provider.name, header.kid.as_deref()).await {
         Lookup::Found(key) => key,
         Lookup::Unknown => return Err(Refused::UnknownKey),
         Lookup::Unreachable => return Err(Refused::Unreachable(provider.name.clone())),
