@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use chrono::{DateTime, Utc};
@@ -15,7 +16,7 @@ use quiver_identity::{Identities, Provider};
 use quiver_model::access::{AccessKind, AccessSpec};
 use quiver_model::policy::CompiledTaskPolicy;
 use quiver_model::token::TokenDigest;
-use quiver_sync::{AccessMap, KeyUses};
+use quiver_sync::{AccessMap, KeyUses, SnapshotHandle};
 
 use crate::auth::{Authenticated, CallerId, Refusal, Task, Via, oidc_caller};
 
@@ -42,16 +43,50 @@ pub struct RegistryCallers {
     directory: ArcSwap<Directory>,
     identities: Identities,
     uses: KeyUses,
+    /// The snapshots followed ([`Self::following`]).
+    snapshot: Option<SnapshotHandle>,
+    /// The snapshot revision the directory was last brought to.
+    seen_revision: AtomicU64,
 }
 
 impl RegistryCallers {
-    /// No callers until the first snapshot; key uses are recorded in `uses`.
+    /// No callers until the first update; key uses are recorded in `uses`.
     pub fn new(uses: KeyUses) -> Self {
         RegistryCallers {
             directory: ArcSwap::from_pointee(Directory::default()),
             identities: Identities::new(Vec::new()),
             uses,
+            snapshot: None,
+            seen_revision: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Follows `snapshot`: every caller is identified against the access
+    /// records of the snapshot current when it asks, so a request served
+    /// after a snapshot is published (a `list_changed` it caused, say)
+    /// never meets the callers of an older one.
+    pub fn following(mut self, snapshot: SnapshotHandle) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
+
+    /// Brings the directory to the current snapshot (one atomic read when
+    /// it is there already).
+    pub fn refresh(&self) {
+        let Some(handle) = &self.snapshot else {
+            return;
+        };
+        let snapshot = handle.current();
+        if self.seen_revision.load(Ordering::Acquire) != snapshot.revision {
+            self.update(&snapshot.access);
+            self.seen_revision
+                .store(snapshot.revision, Ordering::Release);
+        }
+    }
+
+    fn current(&self) -> arc_swap::Guard<Arc<Directory>> {
+        self.refresh();
+        self.directory.load()
     }
 
     /// Rebuilds from the access records of a snapshot. Records the registry
@@ -116,7 +151,7 @@ impl RegistryCallers {
     /// The caller of an API key's secret (already hashed): `None` when no
     /// key has it.
     pub fn key(&self, presented: &TokenDigest) -> Option<Result<Authenticated, Refusal>> {
-        let directory = self.directory.load();
+        let directory = self.current();
         let key = directory.keys.get(presented.as_bytes())?;
         if let Some(at) = key.expires_at
             && at <= Utc::now()
@@ -147,6 +182,8 @@ impl RegistryCallers {
     /// The caller of a JWT of one of the registry's identity providers;
     /// `Err(None)` when no registry provider has the token's issuer.
     pub async fn jwt(&self, token: &str) -> Result<Authenticated, Option<Refusal>> {
+        // The providers too are the current snapshot's.
+        self.refresh();
         let verified = match self.identities.verify(token).await {
             Ok(verified) => verified,
             Err(quiver_identity::Refused::WrongIssuer) => return Err(None),
@@ -156,7 +193,7 @@ impl RegistryCallers {
                 ))));
             }
         };
-        oidc_caller(&verified, &self.directory.load().policies).map_err(Some)
+        oidc_caller(&verified, &self.current().policies).map_err(Some)
     }
 }
 

@@ -144,7 +144,8 @@ impl Worker {
             })?;
         let addr = listener.local_addr().map_err(WorkerError::Serve)?;
         let sync = SyncService::new(options.sync.clone())?;
-        let registry_callers = Arc::new(RegistryCallers::new(sync.key_uses()));
+        let registry_callers =
+            Arc::new(RegistryCallers::new(sync.key_uses()).following(sync.handle()));
         let callers =
             Arc::new(Callers::new(&options.callers, addr)?.with_registry(registry_callers));
         let tokens = TokenCache::new(sync.tokens());
@@ -275,9 +276,10 @@ async fn follow_snapshots(
     let mut updates = snapshot.subscribe();
     loop {
         let update = updates.borrow_and_update().clone();
-        // First: a revoked key is refused before anything else happens.
+        // Rebuilt here rather than by the first request after a change
+        // (each request also brings them to the current snapshot).
         if let Some(callers) = &callers {
-            callers.update(&update.snapshot.access);
+            callers.refresh();
         }
         pool.apply_snapshot(&update.snapshot.servers);
         for id in &warm_up {
