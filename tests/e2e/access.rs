@@ -589,3 +589,94 @@ async fn people_of_the_identity_provider_get_registry_roles_by_token_and_by_sign
     let sealed = session_cookie.trim_start_matches("quiver_session=");
     assert!(!log.contains(sealed), "the session cookie is in the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registrys_identity_providers_give_oidc_callers_their_policy_on_workers() {
+    let issuer = crate::oauth::OAuthServer::start(&[]).await;
+    let (_dir, db_url) = crate::harness::sqlite();
+    let registry = registry(&db_url, None).await;
+    let admin = Admin::new(&registry, ADMIN);
+    admin.upsert(stdio_record("alpha", &["echo"])).await;
+    admin.upsert(stdio_record("beta", &["echo"])).await;
+    let no_args: [&str; 0] = [];
+    let worker = WorkerProcess::start_without_callers(&registry.grpc_url(), WORKER, &no_args).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let put = async |path: &str, body: Value| {
+        let response = http
+            .put(format!("{}{path}", registry.http_url()))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .expect("PUT");
+        let (status, body) = json_of(response).await;
+        assert!(status.is_success(), "PUT {path}: {status} {body}");
+        body["revision"].as_u64().expect("revision")
+    };
+    put(
+        "/admin/api/policies/team-a",
+        json!({"allowed_server_ids": ["alpha"]}),
+    )
+    .await;
+    put(
+        "/admin/api/policies/team-b",
+        json!({"allowed_server_ids": ["beta"]}),
+    )
+    .await;
+    let provider = |policy: &str| {
+        json!({"issuer": issuer.base, "audiences": ["quiver"],
+               "rules": [{"claim": "groups", "contains": "devs", "policy": policy}]})
+    };
+    let revision = put("/admin/api/identity/providers/corp", provider("team-b")).await;
+    worker.synced(revision, Duration::from_secs(10)).await;
+    let mint = async |groups: Value| {
+        let response = issuer
+            .http
+            .post(format!("{}/admin/oidc/mint", issuer.base))
+            .json(&json!({"claims": {"sub": "dana", "groups": groups}}))
+            .send()
+            .await
+            .expect("mint");
+        let body: Value = response.json().await.expect("minted");
+        body["token"].as_str().expect("token").to_owned()
+    };
+    let get = async |path: &str, token: &str| {
+        let response = http
+            .get(format!("{}{path}", worker.url()))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("worker GET");
+        json_of(response).await
+    };
+    let dev = mint(json!(["devs"])).await;
+    let (status, whoami) = get("/v1/whoami", &dev).await;
+    assert_eq!(status, StatusCode::OK, "{whoami}");
+    assert_eq!(whoami["via"], "oidc");
+    assert_eq!(whoami["policy"], "team-b");
+    assert_eq!(whoami["principal"], format!("oidc:{}#dana", issuer.base));
+    let (_, tools) = get("/v1/mcp/tools", &dev).await;
+    let names: Vec<&str> = tools
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, [injected("beta", "echo")]);
+    let stranger = mint(json!(["other"])).await;
+    let (status, body) = get("/v1/whoami", &stranger).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "identity_no_matching_rule");
+
+    // A rule edit applies to the same token at once, without refetching keys.
+    let fetched = issuer.stats().await["jwks_fetches"].as_u64();
+    let revision = put("/admin/api/identity/providers/corp", provider("team-a")).await;
+    worker.synced(revision, Duration::from_secs(10)).await;
+    let (status, whoami) = get("/v1/whoami", &dev).await;
+    assert_eq!(status, StatusCode::OK, "{whoami}");
+    assert_eq!(whoami["policy"], "team-a");
+    assert_eq!(issuer.stats().await["jwks_fetches"].as_u64(), fetched);
+}
