@@ -227,10 +227,27 @@ impl Jwks {
     }
 }
 
-/// GET `url` as JSON within [`FETCH_TIMEOUT`] and [`MAX_DOCUMENT_BYTES`].
-async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
+/// The body of an identity provider's answer from `url` as JSON, read
+/// chunk by chunk up to [`MAX_DOCUMENT_BYTES`] (whatever its
+/// `Content-Length` says).
+pub async fn read_json(mut response: reqwest::Response, url: &str) -> Result<Value, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
+            return Err(format!(
+                "{url}: document larger than the limit of {MAX_DOCUMENT_BYTES} bytes"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+}
+
+/// GET `url` as JSON within [`FETCH_TIMEOUT`] and [`MAX_DOCUMENT_BYTES`]
+/// (an identity provider's discovery document or key set).
+pub async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
     let fetch = async {
-        let mut response = client
+        let response = client
             .get(url)
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
@@ -239,16 +256,7 @@ async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> 
         if !response.status().is_success() {
             return Err(format!("{url}: HTTP {}", response.status()));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
-            if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
-                return Err(format!(
-                    "{url}: document larger than the limit of {MAX_DOCUMENT_BYTES} bytes"
-                ));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+        read_json(response, url).await
     };
     tokio::time::timeout(FETCH_TIMEOUT, fetch)
         .await

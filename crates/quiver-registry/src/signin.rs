@@ -49,8 +49,6 @@ pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 const FLOW_TTL: Duration = Duration::from_secs(600);
 /// Bound on each call to the identity provider (discovery, token).
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest discovery or token answer read.
-const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
 /// A sign-in under way, sealed into [`FLOW_COOKIE`].
 #[derive(Serialize, Deserialize)]
@@ -143,7 +141,7 @@ impl SignIn {
     ) -> Option<Result<Person, RegistryError>> {
         self.follow(head);
         match self.identities.verify(token).await {
-            Ok(verified) => Some(person(&verified.principal, &verified.roles, &verified)),
+            Ok(verified) => Some(person(&verified)),
             Err(quiver_identity::Refused::WrongIssuer) => None,
             Err(why) => {
                 tracing::info!(reason = %why, "identity provider token refused");
@@ -251,6 +249,7 @@ impl SignIn {
             .append_pair("client_id", &client_id)
             .append_pair("code_verifier", &flow.verifier)
             .finish();
+        let url = token_endpoint.to_string();
         let answer = self
             .http
             .post(token_endpoint)
@@ -260,7 +259,7 @@ impl SignIn {
             .await
             .map_err(|err| format!("token request failed: {err}"))?;
         let status = answer.status();
-        let body = bounded_json(answer).await?;
+        let body = quiver_identity::jwks::read_json(answer, &url).await?;
         if !status.is_success() {
             return Err(format!(
                 "the token endpoint answered {status}: {}",
@@ -280,8 +279,7 @@ impl SignIn {
         if claim(id_token, "nonce").as_deref() != Some(flow.nonce.as_str()) {
             return Err("the id_token's nonce is not this sign-in's".into());
         }
-        let person = person(&verified.principal, &verified.roles, &verified)
-            .map_err(|err| err.to_string())?;
+        let person = person(&verified).map_err(|err| err.to_string())?;
         tracing::info!(
             target: "quiver::audit",
             action = "signin",
@@ -305,19 +303,11 @@ impl SignIn {
             "{}/.well-known/openid-configuration",
             issuer.trim_end_matches('/')
         );
-        let unavailable = |why: String| {
-            RegistryError::Unavailable(format!("identity provider discovery at {url}: {why}"))
-        };
-        let answer = self
-            .http
-            .get(&url)
-            .send()
+        quiver_identity::jwks::get_json(&self.http, &url)
             .await
-            .map_err(|err| unavailable(err.to_string()))?;
-        if !answer.status().is_success() {
-            return Err(unavailable(format!("answered {}", answer.status())));
-        }
-        bounded_json(answer).await.map_err(unavailable)
+            .map_err(|why| {
+                RegistryError::Unavailable(format!("identity provider discovery: {why}"))
+            })
     }
 
     fn seal<T: Serialize>(&self, binding: &str, value: &T) -> Result<String, RegistryError> {
@@ -338,17 +328,17 @@ impl SignIn {
     }
 }
 
-/// The registry role of a person: the strongest of their roles.
-fn person(principal: &str, roles: &[Role], verified: &Verified) -> Result<Person, RegistryError> {
-    let role = strongest(roles).ok_or_else(|| {
+/// The registry role of a verified person: the strongest of their roles.
+fn person(verified: &Verified) -> Result<Person, RegistryError> {
+    let role = strongest(&verified.roles).ok_or_else(|| {
         RegistryError::PermissionDenied(format!(
-            "{principal} is authenticated by identity provider {}, but none of its rules gives a registry role",
-            verified.provider
+            "{} is authenticated by identity provider {}, but none of its rules gives a registry role",
+            verified.principal, verified.provider
         ))
     })?;
     Ok(Person {
         role,
-        principal: principal.to_owned(),
+        principal: verified.principal.to_string(),
     })
 }
 
@@ -385,20 +375,6 @@ fn endpoint(discovery: &Value, field: &str) -> Result<url::Url, RegistryError> {
     let raw = discovery[field].as_str().unwrap_or_default();
     quiver_model::access::check_issuer_url(raw)
         .map_err(|why| RegistryError::Unavailable(format!("identity provider {field}: {why}")))
-}
-
-async fn bounded_json(answer: reqwest::Response) -> Result<Value, String> {
-    if answer
-        .content_length()
-        .is_some_and(|len| len > MAX_ANSWER_BYTES as u64)
-    {
-        return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
-    }
-    let bytes = answer.bytes().await.map_err(|err| err.to_string())?;
-    if bytes.len() > MAX_ANSWER_BYTES {
-        return Err(format!("answer larger than {MAX_ANSWER_BYTES} bytes"));
-    }
-    serde_json::from_slice(&bytes).map_err(|err| format!("answer is not JSON: {err}"))
 }
 
 /// A claim of a JWT whose signature was verified.
