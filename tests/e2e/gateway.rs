@@ -29,7 +29,7 @@ use crate::openai_sdk::sdk_python;
 
 /// The upstream's record: one call at a time (so a call after a cancelled
 /// one proves the slot was freed), one public resource, one prompt.
-fn upstream_record(state_dir: &Path, allowed_tools: &[&str]) -> Value {
+pub(crate) fn upstream_record(state_dir: &Path, allowed_tools: &[&str]) -> Value {
     json!({
         "server_id": "py",
         "transport": "stdio",
@@ -302,7 +302,7 @@ async fn python_sdk_client_over_stdio_through_mcp_stdio() {
 
 /// A plain HTTP load balancer: each request goes to the next backend in
 /// turn (responses, SSE streams included, are streamed back).
-async fn round_robin(backends: Vec<String>) -> (String, Arc<AtomicUsize>) {
+pub(crate) async fn round_robin(backends: Vec<String>) -> (String, Arc<AtomicUsize>) {
     use axum::body::Body;
     use axum::extract::Request;
     use axum::response::Response;

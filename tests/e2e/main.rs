@@ -18,6 +18,7 @@ mod crash_safety;
 mod deployment;
 mod faults;
 mod gateway;
+mod gateway_2026;
 mod graceful_shutdown;
 mod harness;
 mod hostile_calls;

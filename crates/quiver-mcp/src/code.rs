@@ -30,6 +30,10 @@ pub enum ErrorCode {
     McpApprovalInvalid,
     /// The server's own `isError` result, its text kept.
     McpToolError,
+    /// A 2026-07-28 server answered the call with `input_required`: it runs
+    /// once the caller repeats it with the answers to the server's input
+    /// requests (`inputResponses`) and its `requestState`.
+    McpInputRequired,
     /// A call not run because a session budget of the chat request is used up.
     McpBudgetExceeded,
     /// A per-caller limit of the fleet is reached (e.g. the caller's pending
@@ -111,6 +115,7 @@ impl ErrorCode {
             ErrorCode::McpApprovalDenied => ("mcp_approval_denied", StatusCode::FORBIDDEN, false),
             ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", StatusCode::FORBIDDEN, false),
             ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
+            ErrorCode::McpInputRequired => ("mcp_input_required", StatusCode::CONFLICT, false),
             ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
             ErrorCode::ResourceExhausted => {
                 ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS, true)
@@ -166,7 +171,7 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 25] = [
+    const ALL: [ErrorCode; 26] = [
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,
@@ -176,6 +181,7 @@ mod tests {
         ErrorCode::McpApprovalDenied,
         ErrorCode::McpApprovalInvalid,
         ErrorCode::McpToolError,
+        ErrorCode::McpInputRequired,
         ErrorCode::McpBudgetExceeded,
         ErrorCode::InvalidRequest,
         ErrorCode::Unauthenticated,

@@ -13,18 +13,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
-use rmcp::ClientHandler;
-use rmcp::model::{ClientConfig, Implementation};
+use quiver_model::Protocol;
+use rmcp::model::{ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{NotificationContext, Peer, RunningService};
-use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
+use rmcp::{ClientHandler, ClientServiceExt, RoleClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
 
 use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding};
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
+use crate::lifecycle::Handshake;
 use crate::peer_events::PeerEvents;
 use crate::process_tree;
 use crate::relay::{Relay, ServerEvent, ServerEventKind};
@@ -119,8 +120,12 @@ impl StderrTail {
 /// Settings that apply to every connection.
 #[derive(Clone)]
 pub struct ConnectSettings {
-    /// Bound on spawning/connecting plus the `initialize` handshake.
+    /// Bound on spawning/connecting plus the handshake (`server/discover`
+    /// and/or `initialize`).
     pub initialize_timeout: Duration,
+    /// The record's `protocol`: the era the handshake opens (see
+    /// [`crate::lifecycle`]).
+    pub protocol: Protocol,
     /// Longest message a stdio server may send (see [`crate::stdio`]).
     pub max_message_bytes: usize,
     /// HTTP client shared by the HTTP transports.
@@ -137,6 +142,8 @@ pub struct ConnectSettings {
 /// A connected, initialized MCP client.
 pub struct Connection {
     peer: Peer<RoleClient>,
+    /// The protocol version the handshake settled on.
+    protocol_version: ProtocolVersion,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientSide>>>,
     pid: Option<u32>,
     /// The stdio server's [`process_tree::INSTANCE_VAR`] value.
@@ -190,6 +197,19 @@ impl ClientSide {
     }
 }
 
+/// The `_meta` of a server's request as it is relayed: rmcp hands it to the
+/// handler apart from the params, and the caller must see it (a server may
+/// name its input there, see the gateway's `inputs`); the progress token is
+/// the connection's own.
+fn request_meta(
+    params_meta: Option<rmcp::model::RequestMetaObject>,
+    context: &rmcp::service::RequestContext<RoleClient>,
+) -> Option<rmcp::model::RequestMetaObject> {
+    let mut meta = params_meta.unwrap_or_else(|| context.meta.clone());
+    meta.0.0.remove("progressToken");
+    (!meta.0.0.is_empty()).then_some(meta)
+}
+
 /// A relayed server request, given up when the server cancels it: dropping
 /// the request to the client sends the client `notifications/cancelled`.
 async fn unless_cancelled<T>(
@@ -208,8 +228,9 @@ async fn unless_cancelled<T>(
 impl ClientHandler for ClientSide {
     fn get_info(&self) -> ClientConfig {
         let capabilities = crate::relay::relayed_capabilities();
-        // The newest revision with an `initialize` handshake, which is how
-        // connections are opened (2026-07-28 has none).
+        // The version an `initialize` handshake offers: the newest with one
+        // (2026-07-28 has none; its connections open with `server/discover`,
+        // see `crate::lifecycle`).
         ClientConfig::new(
             capabilities,
             Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
@@ -247,6 +268,8 @@ impl ClientHandler for ClientSide {
         params: rmcp::model::CreateMessageRequestParams,
         context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        let mut params = params;
+        params.meta = request_meta(params.meta.take(), &context);
         unless_cancelled(&context, self.relay.create_message(params)).await
     }
 
@@ -255,7 +278,25 @@ impl ClientHandler for ClientSide {
         params: rmcp::model::ElicitRequestParams,
         context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        let mut params = params;
+        if let rmcp::model::ElicitRequestParams::FormElicitationParams { meta, .. }
+        | rmcp::model::ElicitRequestParams::UrlElicitationParams { meta, .. } = &mut params
+        {
+            *meta = request_meta(meta.take(), &context);
+        }
         unless_cancelled(&context, self.relay.create_elicitation(params)).await
+    }
+
+    #[expect(deprecated, reason = "SEP-2577 deprecates roots; servers still ask")]
+    async fn list_roots(
+        &self,
+        context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        unless_cancelled(
+            &context,
+            self.relay.list_roots(request_meta(None, &context)),
+        )
+        .await
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -289,6 +330,14 @@ impl Connection {
         child_slot: Option<OwnedSemaphorePermit>,
     ) -> Result<Self, McpError> {
         let deadline = settings.initialize_timeout;
+        let handshake = Handshake::new(
+            settings.protocol,
+            match launch {
+                Launch::Stdio(_) => quiver_model::Transport::Stdio,
+                Launch::StreamableHttp(_) => quiver_model::Transport::StreamableHttp,
+                Launch::LegacySse(_) => quiver_model::Transport::HttpSseLegacy,
+            },
+        );
         let instance = process_tree::instance_marker();
         let client_side = || side.clone();
         let grant = match launch {
@@ -302,12 +351,19 @@ impl Connection {
             }) => Some(Arc::new(GrantBinding::new(auth_ref))),
             _ => None,
         };
-        let connecting = async {
-            match launch {
+        let attempt = async |handshake: Handshake| -> Result<_, Opening> {
+            Ok(match launch {
                 Launch::Stdio(stdio) => {
                     let max_message_bytes = settings.max_message_bytes;
-                    Self::open_stdio(stdio, stderr, &instance, max_message_bytes, client_side())
-                        .await
+                    Self::open_stdio(
+                        stdio,
+                        stderr,
+                        &instance,
+                        max_message_bytes,
+                        client_side(),
+                        &handshake,
+                    )
+                    .await?
                 }
                 Launch::StreamableHttp(http) => {
                     let url = parse_url(&http.url)?;
@@ -320,12 +376,12 @@ impl Connection {
                                 BrokeredClient::new(client, source, auth_ref, grant.clone());
                             let transport =
                                 StreamableHttpClientTransport::with_client(client, config);
-                            Ok((serve(client_side().serve(transport)).await?, None))
+                            (serve(client_side(), transport, &handshake).await?, None)
                         }
                         _ => {
                             let transport =
                                 StreamableHttpClientTransport::with_client(client, config);
-                            Ok((serve(client_side().serve(transport)).await?, None))
+                            (serve(client_side(), transport, &handshake).await?, None)
                         }
                     }
                 }
@@ -360,8 +416,24 @@ impl Connection {
                     .map_err(|err| {
                         McpError::Unavailable(format!("legacy sse connect failed: {err}"))
                     })?;
-                    Ok((serve(client_side().serve(transport)).await?, None))
+                    (serve(client_side(), transport, &handshake).await?, None)
                 }
+            })
+        };
+        // `auto` opens with a session when the server offers one; a server
+        // of 2026-07-28 alone refuses the handshake and is opened anew with
+        // `server/discover`.
+        let connecting = async {
+            match attempt(handshake).await {
+                Err(Opening::Refused(refused)) => match handshake.without_session() {
+                    Some(modern) => attempt(modern).await.map_err(|err| match err {
+                        Opening::Refused(err) | Opening::Failed(err) => {
+                            McpError::Unavailable(format!("{refused}; then server/discover: {err}"))
+                        }
+                    }),
+                    None => Err(refused),
+                },
+                other => other.map_err(Opening::into_error),
             }
         };
         let (service, pid) = tokio::time::timeout(deadline, connecting)
@@ -369,8 +441,9 @@ impl Connection {
             .map_err(|_| {
                 McpError::Unavailable(with_stderr(
                     format!(
-                        "initialize did not complete within {} ms",
-                        deadline.as_millis()
+                        "initialize did not complete within {} ms (protocol = {:?})",
+                        deadline.as_millis(),
+                        handshake.protocol().as_str()
                     ),
                     stderr,
                 ))
@@ -384,7 +457,16 @@ impl Connection {
                 }
                 other => other,
             })?;
+        // Both handshakes record what the server answered (a server that
+        // answered nothing usable failed the handshake).
+        let protocol_version = service
+            .peer()
+            .peer_info()
+            .map_or(ProtocolVersion::LATEST_WITH_INITIALIZE, |info| {
+                info.protocol_version.clone()
+            });
         Ok(Connection {
+            protocol_version,
             peer: service.peer().clone(),
             service: tokio::sync::Mutex::new(Some(service)),
             pid,
@@ -403,7 +485,8 @@ impl Connection {
         instance: &str,
         max_message_bytes: usize,
         client_side: ClientSide,
-    ) -> Result<(RunningService<RoleClient, ClientSide>, Option<u32>), McpError> {
+        handshake: &Handshake,
+    ) -> Result<(RunningService<RoleClient, ClientSide>, Option<u32>), Opening> {
         let mut command = tokio::process::Command::new(&launch.command);
         command
             .args(&launch.args)
@@ -423,7 +506,7 @@ impl Connection {
         if let Some(stderr) = stderr {
             stderr_tail.follow(stderr, pid);
         }
-        Ok((serve(client_side.serve(transport)).await?, pid))
+        Ok((serve(client_side, transport, handshake).await?, pid))
     }
 
     /// The client side of the connection (cheap to clone, multiplexes requests).
@@ -434,6 +517,12 @@ impl Connection {
     /// The child's process id (stdio only).
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// The protocol version the handshake settled on: `2026-07-28` after
+    /// `server/discover`, else what the server answered to `initialize`.
+    pub fn protocol_version(&self) -> &ProtocolVersion {
+        &self.protocol_version
     }
 
     /// Whether the connection may no longer serve: the transport is gone
@@ -521,12 +610,44 @@ impl Connection {
     }
 }
 
-async fn serve<E: std::fmt::Display>(
-    serving: impl std::future::Future<Output = Result<RunningService<RoleClient, ClientSide>, E>>,
-) -> Result<RunningService<RoleClient, ClientSide>, McpError> {
-    serving
+/// Why an opening failed: the server refused the handshake (it answered,
+/// in another era), or anything else.
+enum Opening {
+    Refused(McpError),
+    Failed(McpError),
+}
+
+impl From<McpError> for Opening {
+    fn from(err: McpError) -> Self {
+        Opening::Failed(err)
+    }
+}
+
+impl Opening {
+    fn into_error(self) -> McpError {
+        match self {
+            Opening::Refused(err) | Opening::Failed(err) => err,
+        }
+    }
+}
+
+/// Opens the MCP session on `transport` with `handshake`.
+async fn serve<T: Transport<RoleClient> + 'static>(
+    side: ClientSide,
+    transport: T,
+    handshake: &Handshake,
+) -> Result<RunningService<RoleClient, ClientSide>, Opening> {
+    side.serve_with_lifecycle(handshake.probe(transport), handshake.mode())
         .await
-        .map_err(|err| McpError::Unavailable(format!("initialize failed: {err}")))
+        .map_err(|err| {
+            let refused = Handshake::refused(&err);
+            let err = handshake.failed(err);
+            if refused {
+                Opening::Refused(err)
+            } else {
+                Opening::Failed(err)
+            }
+        })
 }
 
 fn with_stderr(message: String, stderr: &StderrTail) -> String {

@@ -31,6 +31,43 @@ pub enum McpError {
     /// unread, and the request failed at once.
     #[error("{0}")]
     OutputTooLarge(String),
+    /// A 2026-07-28 server answered a call with `input_required`: the call
+    /// runs once it is repeated with the answers to the server's input
+    /// requests and its `requestState` (see [`crate::UpstreamInput`]).
+    #[error("{}", input_required_message(.0))]
+    InputRequired(Box<rmcp::model::InputRequiredResult>),
+}
+
+/// Names what the server asks for, by key and kind.
+fn input_required_message(result: &rmcp::model::InputRequiredResult) -> String {
+    use rmcp::model::InputRequest;
+    let asked: Vec<String> = result
+        .input_requests
+        .iter()
+        .flatten()
+        .map(|(key, request)| {
+            let kind = match request {
+                InputRequest::Elicitation(_) => "elicitation",
+                InputRequest::CreateMessage(_) => "sampling",
+                InputRequest::ListRoots(_) => "roots",
+                _ => "input",
+            };
+            format!("{key:?} ({kind})")
+        })
+        .collect();
+    let state = if result.request_state.is_some() {
+        " and its requestState"
+    } else {
+        ""
+    };
+    if asked.is_empty() {
+        "the server needs the call repeated with its requestState before it runs".to_owned()
+    } else {
+        format!(
+            "the server needs input before the call runs: {}; repeat the call with inputResponses for these keys{state}",
+            asked.join(", ")
+        )
+    }
 }
 
 impl McpError {
@@ -43,6 +80,7 @@ impl McpError {
             McpError::EgressDenied(_) => ErrorCode::McpPolicyDenied,
             McpError::OutputTooLarge(_) => ErrorCode::McpOutputTooLarge,
             McpError::SessionRequired(_) => ErrorCode::InvalidRequest,
+            McpError::InputRequired(_) => ErrorCode::McpInputRequired,
         }
     }
 

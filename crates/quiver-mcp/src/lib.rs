@@ -13,6 +13,7 @@ mod json_scan;
 pub mod launch;
 pub mod leases;
 pub mod legacy_sse;
+pub mod lifecycle;
 mod listing;
 pub mod oauth;
 pub mod output;
@@ -29,5 +30,6 @@ pub use code::ErrorCode;
 pub use error::McpError;
 pub use pool::{
     CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,
+    UpstreamInput,
 };
 pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};

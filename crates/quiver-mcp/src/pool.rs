@@ -162,6 +162,9 @@ pub struct ServerHealth {
     pub p50_latency_ms: Option<f64>,
     /// Pid of the live stdio child.
     pub pid: Option<u32>,
+    /// The protocol version the live connection settled on (`None`
+    /// without one).
+    pub protocol_version: Option<String>,
     /// Live per-session connections (`isolation = "per_session"`).
     pub sessions: usize,
     /// Last stderr lines of the server.
@@ -204,6 +207,19 @@ pub struct CallOptions {
     /// servers, whose calls then run on the session's own connection (the
     /// caller's own: see [`SessionKey`]).
     pub session: Option<SessionKey>,
+    /// What the caller answers to the server's `input_required` (a call
+    /// repeated after [`McpError::InputRequired`]).
+    pub input: Option<UpstreamInput>,
+}
+
+/// A repeated call's answers to a 2026-07-28 server's `input_required`:
+/// sent upstream as the call's `inputResponses` and `requestState`.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamInput {
+    /// The answers, by the keys of the server's `inputRequests`.
+    pub responses: rmcp::model::InputResponses,
+    /// The server's `requestState`, echoed unchanged.
+    pub request_state: Option<String>,
 }
 
 /// The `_meta` sent upstream: the caller's, without the keys that describe
@@ -421,6 +437,7 @@ fn same_connection(a: &McpServerSpec, b: &McpServerSpec) -> bool {
         && a.stdio == b.stdio
         && a.http == b.http
         && a.isolation == b.isolation
+        && a.protocol == b.protocol
 }
 
 impl McpPool {
@@ -658,6 +675,7 @@ impl McpPool {
             initialize_timeout: self.inner.options.initialize_timeout,
             http: self.inner.options.http.clone(),
             max_concurrent_requests: entry.server.load().spec.budgets.max_concurrency as usize,
+            protocol: entry.server.load().spec.protocol,
             egress: self.inner.options.egress.clone(),
             credentials: self.inner.options.credentials.clone(),
         };
@@ -878,6 +896,11 @@ impl McpPool {
                 let mut params = CallToolRequestParams::new(tool.to_owned());
                 params.arguments = arguments.clone();
                 params.meta = forwarded_meta(options.meta.clone());
+                if let Some(input) = &options.input {
+                    params.input_responses =
+                        (!input.responses.is_empty()).then(|| input.responses.clone());
+                    params.request_state = input.request_state.clone();
+                }
                 let remaining = timeout.saturating_sub(started.elapsed());
                 let grace = self.inner.options.cancel_grace;
                 let answer = tokio::time::timeout(remaining, async {
@@ -931,6 +954,11 @@ impl McpPool {
                     duration,
                 })
             }
+            // The server answered: asking for input is no failure of it.
+            Err(err @ McpError::InputRequired(_)) => {
+                entry.record_latency(duration);
+                Err(err)
+            }
             Err(err) => {
                 entry.recent_failures.fetch_add(1, Ordering::Relaxed);
                 entry.set_error(&err);
@@ -965,11 +993,15 @@ impl McpPool {
     /// is (a per-session server answers on `session`'s connection): within the worker-wide in-flight cap, `tool_timeout_ms` (a
     /// request out of time is cancelled on the server) and, for the answer,
     /// `max_tool_output_bytes`. A JSON-RPC error of the server is returned
-    /// as the server sent it.
+    /// as the server sent it. What the server asks while it answers
+    /// (elicitation, sampling, roots) goes to `attachment`'s caller, as for
+    /// a call; the request counts as in flight for the relay either way, so
+    /// nothing it causes reaches another caller.
     pub async fn forward<T, F, Fut>(
         &self,
         server: &Arc<StoredServer>,
         session: Option<&SessionKey>,
+        attachment: Option<CallAttachment>,
         request: F,
     ) -> Result<T, ForwardError>
     where
@@ -991,6 +1023,7 @@ impl McpPool {
                 .map_err(|_| McpError::Unavailable("worker is shutting down".into()))?;
             let connection = self.connection(&entry).await?;
             entry.touch();
+            let _relayed = entry.relay.register(attachment, started + timeout);
             // Dropping the request on timeout sends `notifications/cancelled`.
             let answer = request(connection.peer().clone()).await;
             if answer.is_err() && connection.is_closed() {
@@ -1035,6 +1068,11 @@ impl McpPool {
             Ok(ServerResult::CallToolResult(result)) => return Ok(result),
             // Results without content (an empty result) are valid answers.
             Ok(ServerResult::EmptyResult(_)) => return Ok(CallToolResult::default()),
+            // A 2026-07-28 server's request for input, for the caller to
+            // answer by repeating the call (see [`UpstreamInput`]).
+            Ok(ServerResult::InputRequiredResult(result)) => {
+                return Err(McpError::InputRequired(Box::new(result)));
+            }
             Ok(_) => ServiceError::UnexpectedResponse,
             Err(err) => err,
         };
@@ -1090,6 +1128,10 @@ impl McpPool {
                     tool_count: entry.tools.cached_len(),
                     p50_latency_ms: entry.p50(),
                     pid: live.as_ref().and_then(|c| c.pid()),
+                    protocol_version: live
+                        .as_ref()
+                        .filter(|c| !c.is_closed())
+                        .map(|c| c.protocol_version().to_string()),
                     sessions: sessions.get(&entry.server_id()).copied().unwrap_or(0),
                     stderr_tail: entry.stderr.lines(),
                     log_tail: entry.log.lines(),

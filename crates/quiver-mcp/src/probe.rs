@@ -155,6 +155,7 @@ pub async fn probe_with_egress(
         max_message_bytes: crate::stdio::DEFAULT_MAX_MESSAGE_BYTES,
         http,
         max_concurrent_requests: 1,
+        protocol: spec.protocol,
         egress: egress.clone(),
         credentials: credentials.clone(),
     };

@@ -7,9 +7,9 @@
 //!   [`ServerEvent`] channel for the gateway to tell its sessions, after the
 //!   pool dropped what it cached.
 //! - **Traffic of a call** (`notifications/progress`, `notifications/message`,
-//!   and the requests `sampling/createMessage` and `elicitation/create`):
-//!   relayed to the caller of the call it belongs to, through the
-//!   [`CallPeer`] that call was attached with.
+//!   and the requests `sampling/createMessage`, `elicitation/create` and
+//!   `roots/list`): relayed to the caller of the call it belongs to, through
+//!   the [`CallPeer`] that call was attached with.
 //!
 //! Progress is matched exactly: rmcp gives every request upstream a progress
 //! token of its own, which the call binds to its caller's token
@@ -30,16 +30,19 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use rmcp::model::{
     ClientCapabilities, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
-    ElicitResult, ErrorData, LoggingMessageNotificationParam, ProgressNotificationParam,
-    ProgressToken,
+    ElicitResult, ErrorData, ListRootsResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ProgressToken, RequestMetaObject, RootsCapabilities,
 };
 
-/// The client capabilities the worker declares to servers: sampling and
-/// elicitation, which it relays to the caller of the call (or refuses).
+/// The client capabilities the worker declares to servers: sampling,
+/// elicitation and roots, which it relays to the caller of the call (or
+/// refuses; roots asked outside a call are none: the worker has no roots
+/// of its own).
 pub fn relayed_capabilities() -> ClientCapabilities {
     let mut capabilities = ClientCapabilities::default();
     capabilities.sampling = Some(Default::default());
     capabilities.elicitation = Some(Default::default());
+    capabilities.roots = Some(RootsCapabilities::default());
     capabilities
 }
 
@@ -86,6 +89,11 @@ pub trait CallPeer: Send + Sync + 'static {
         &self,
         params: ElicitRequestParams,
     ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>>;
+    /// `roots/list` (with the `_meta` the server sent), answered by the caller.
+    fn list_roots(
+        &self,
+        meta: Option<RequestMetaObject>,
+    ) -> BoxFuture<'static, Result<ListRootsResult, ErrorData>>;
 }
 
 /// A call's link to its caller: set it on the call to relay the server's
@@ -259,6 +267,20 @@ impl Relay {
         self.request("elicitation/create", |peer| peer.create_elicitation(params))
             .await
     }
+
+    /// Relays `roots/list` to the sole call's caller; with no call in
+    /// flight the answer is no roots (servers ask right after connecting,
+    /// and the worker has none of its own).
+    pub async fn list_roots(
+        &self,
+        meta: Option<RequestMetaObject>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        if self.lock().is_empty() {
+            return Ok(ListRootsResult::default());
+        }
+        self.request("roots/list", |peer| peer.list_roots(meta))
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +318,13 @@ mod tests {
             &self,
             _params: ElicitRequestParams,
         ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>> {
+            let name = self.name;
+            async move { Err(ErrorData::internal_error(name, None)) }.boxed()
+        }
+        fn list_roots(
+            &self,
+            _meta: Option<RequestMetaObject>,
+        ) -> BoxFuture<'static, Result<ListRootsResult, ErrorData>> {
             let name = self.name;
             async move { Err(ErrorData::internal_error(name, None)) }.boxed()
         }

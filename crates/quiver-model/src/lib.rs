@@ -28,7 +28,7 @@ pub use parse::{
 };
 pub use record::{
     ApprovalMode, ApprovalPolicy, Budgets, HttpConfig, Isolation, McpServerSpec, PrefixOp,
-    PrefixReplace, StdioConfig, TransformStep, Transport,
+    PrefixReplace, Protocol, StdioConfig, TransformStep, Transport,
 };
 pub use stored::{Change, ChangeKind, HistoryEntry, Source, StoredServer, UnknownSource};
 pub use validate::{is_valid_credential_name, is_valid_server_id, validate};

@@ -224,6 +224,7 @@ allowed_prompts = ["summarize*"]
 approval_policy = "policy"
 approval_tools = { "write_*" = "always" }
 isolation = "per_session"
+protocol = "2025-11-25"
 enabled = false
 labels = { team = "infra" }
 transform = [{ prefix = "fs_" }, { prefix = { remove = "a", add = "b" } }, { suffix = "_v2" }]
@@ -260,6 +261,7 @@ max_concurrency = 2
         assert_eq!(spec.transform.len(), 3);
         assert_eq!(spec.allowed_resources, ["file:///data/*.md", "ui://*"]);
         assert_eq!(spec.allowed_prompts, ["summarize*"]);
+        assert_eq!(spec.protocol, crate::record::Protocol::V2025_11_25);
         // TOML rendering round-trips too.
         let again = parse_record(&spec.to_toml(), Format::Toml, Strictness::Strict).unwrap();
         assert_eq!(again.spec, spec);
@@ -283,6 +285,9 @@ max_concurrency = 2
         assert_eq!(json["allowed_tools"], serde_json::json!([]));
         assert!(json.get("allowed_resources").is_none());
         assert!(json.get("allowed_prompts").is_none());
+        // `protocol` is `auto`, left out likewise.
+        assert_eq!(spec.protocol, crate::record::Protocol::Auto);
+        assert!(json.get("protocol").is_none());
         assert_eq!(spec.effective_tool_namespace(), "mcp.a");
         assert_eq!(spec.budgets, crate::record::Budgets::default());
     }
@@ -336,6 +341,14 @@ max_concurrency = 2
             (
                 "server_id = \"a\"\ntransport = \"stdio\"\n[stdio]\ncommand = \"x\"\n[budgets]\nmax_concurrency = -1",
                 "budgets.max_concurrency",
+            ),
+            (
+                "server_id = \"a\"\ntransport = \"stdio\"\nprotocol = \"2025-03-26\"\n[stdio]\ncommand = \"x\"",
+                "protocol",
+            ),
+            (
+                "server_id = \"a\"\ntransport = \"stdio\"\nprotocol = 2026\n[stdio]\ncommand = \"x\"",
+                "protocol",
             ),
         ];
         for (text, field) in cases {

@@ -69,6 +69,58 @@ pub enum Isolation {
     PerSession,
 }
 
+/// Which MCP protocol era a worker speaks to the server, negotiated per
+/// connection. The two eras open a connection differently: 2026-07-28 asks
+/// `server/discover` and carries the protocol version in every request's
+/// `_meta`, 2025-11-25 and older open with the `initialize` handshake.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Protocol {
+    /// 2026-07-28 when the server offers it, else the `initialize`
+    /// handshake (2025-11-25 or the older revision the server answers).
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// Only 2026-07-28: a server without it fails to connect.
+    #[serde(rename = "2026-07-28")]
+    V2026_07_28,
+    /// Only the `initialize` handshake, offering 2025-11-25.
+    #[serde(rename = "2025-11-25")]
+    V2025_11_25,
+}
+
+impl Protocol {
+    /// The name used in files and APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Auto => "auto",
+            Protocol::V2026_07_28 => "2026-07-28",
+            Protocol::V2025_11_25 => "2025-11-25",
+        }
+    }
+
+    /// Every value, in the order of the documentation.
+    pub const ALL: [Protocol; 3] = [Protocol::Auto, Protocol::V2026_07_28, Protocol::V2025_11_25];
+
+    fn is_auto(&self) -> bool {
+        *self == Protocol::Auto
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Protocol::ALL
+            .into_iter()
+            .find(|protocol| protocol.as_str() == text)
+            .ok_or_else(|| {
+                format!(
+                    "unknown protocol {text:?}: expected \"auto\", \"2026-07-28\" or \"2025-11-25\""
+                )
+            })
+    }
+}
+
 /// The `stdio` table: how to start the server process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StdioConfig {
@@ -220,6 +272,10 @@ pub struct McpServerSpec {
     /// Client sharing on workers.
     #[serde(default)]
     pub isolation: Isolation,
+    /// The MCP protocol era workers speak to the server; left out of the
+    /// record's forms while `auto`.
+    #[serde(default, skip_serializing_if = "Protocol::is_auto")]
+    pub protocol: Protocol,
     /// Disabled records stay stored but are never injected.
     #[serde(default = "default_true")]
     pub enabled: bool,
@@ -249,6 +305,7 @@ impl McpServerSpec {
             approval_tools: BTreeMap::new(),
             budgets: Budgets::default(),
             isolation: Isolation::default(),
+            protocol: Protocol::default(),
             enabled: true,
             transform: Vec::new(),
             labels: BTreeMap::new(),

@@ -3,7 +3,7 @@
 use crate::env_ref::{Template, is_env_name};
 use crate::error::{FieldError, ModelError};
 use crate::pattern::Pattern;
-use crate::record::{ApprovalPolicy, McpServerSpec, PrefixOp, TransformStep, Transport};
+use crate::record::{ApprovalPolicy, McpServerSpec, PrefixOp, Protocol, TransformStep, Transport};
 
 /// Longest `server_id`.
 pub const MAX_SERVER_ID_LEN: usize = 64;
@@ -44,6 +44,14 @@ pub fn validate(spec: &McpServerSpec) -> Result<(), ModelError> {
         v.text("display_name", name);
     }
     v.transport_tables(spec);
+    // 2026-07-28 has no HTTP+SSE transport: the servers behind one are of
+    // the `initialize` era.
+    if spec.transport == Transport::HttpSseLegacy && spec.protocol == Protocol::V2026_07_28 {
+        v.error(
+            "protocol",
+            "\"2026-07-28\" has no http_sse_legacy transport: use \"auto\" or \"2025-11-25\"",
+        );
+    }
     if let Some(ns) = &spec.tool_namespace
         && (ns.is_empty() || ns.chars().any(|c| c.is_whitespace() || c.is_control()))
     {
@@ -359,6 +367,23 @@ mod tests {
         spec.http.as_mut().unwrap().url = "not a url".into();
         assert_eq!(fields(&spec), ["http.url"]);
         spec.http.as_mut().unwrap().url = "https://mcp.example.com/sse".into();
+        validate(&spec).unwrap();
+    }
+
+    #[test]
+    fn protocol_2026_has_no_legacy_sse() {
+        let mut spec = McpServerSpec::new("web", Transport::HttpSseLegacy);
+        spec.http = Some(HttpConfig {
+            url: "https://mcp.example.com/sse".into(),
+            ..Default::default()
+        });
+        for protocol in [Protocol::Auto, Protocol::V2025_11_25] {
+            spec.protocol = protocol;
+            validate(&spec).unwrap();
+        }
+        spec.protocol = Protocol::V2026_07_28;
+        assert_eq!(fields(&spec), ["protocol"]);
+        spec.transport = Transport::StreamableHttp;
         validate(&spec).unwrap();
     }
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use quiver_model::{
     ApprovalMode, ApprovalPolicy, Budgets, Format, HttpConfig, Isolation, McpServerSpec,
-    ModelError, PrefixOp, StdioConfig, Strictness, TransformStep, Transport, parse_document,
-    parse_record_value, validate,
+    ModelError, PrefixOp, Protocol, StdioConfig, Strictness, TransformStep, Transport,
+    parse_document, parse_record_value, validate,
 };
 use quiver_testkit::fuzz::{self, cases};
 
@@ -27,6 +27,7 @@ const FIELDS: &[&str] = &[
     "approval_tools",
     "budgets",
     "isolation",
+    "protocol",
     "enabled",
     "transform",
     "labels",
@@ -156,7 +157,13 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
             approval,
             budgets,
         ),
-        (any::<bool>(), transform, map(), any::<bool>()),
+        (
+            any::<bool>(),
+            transform,
+            map(),
+            any::<bool>(),
+            proptest::sample::select(Protocol::ALL.to_vec()),
+        ),
     )
         .prop_map(
             |(
@@ -168,7 +175,7 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
                     (approval_policy, approval_tools),
                     budgets,
                 ),
-                (enabled, transform, labels, per_session),
+                (enabled, transform, labels, per_session, protocol),
             )| McpServerSpec {
                 server_id,
                 display_name,
@@ -188,6 +195,7 @@ fn spec() -> impl Strategy<Value = McpServerSpec> {
                 } else {
                     Isolation::Shared
                 },
+                protocol,
                 enabled,
                 transform,
                 labels,

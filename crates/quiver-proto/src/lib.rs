@@ -148,6 +148,18 @@ fn isolation_to(isolation: model::Isolation) -> pb::Isolation {
     }
 }
 
+/// Absent is `auto`, which is left out (as in the record's JSON form).
+fn protocol_to(protocol: model::Protocol) -> Option<String> {
+    (protocol != model::Protocol::Auto).then(|| protocol.as_str().to_owned())
+}
+
+fn protocol_from(value: Option<String>) -> Result<model::Protocol, ConversionError> {
+    value.map_or(Ok(model::Protocol::Auto), |text| {
+        text.parse()
+            .map_err(|err: String| ConversionError::new("protocol", err))
+    })
+}
+
 fn transform_to(step: &model::TransformStep) -> pb::TransformStep {
     use pb::transform_step::Step;
     let step = match step {
@@ -221,6 +233,7 @@ impl From<&model::McpServerSpec> for pb::McpServerSpec {
                 session_idle_ms: spec.budgets.session_idle_ms,
             }),
             isolation: isolation_to(spec.isolation).into(),
+            protocol: protocol_to(spec.protocol),
             enabled: Some(spec.enabled),
             transform: spec.transform.iter().map(transform_to).collect(),
             labels: spec.labels.clone().into_iter().collect(),
@@ -239,6 +252,7 @@ impl TryFrom<pb::McpServerSpec> for model::McpServerSpec {
             transport: transport_from(spec.transport)?,
             approval_policy: approval_policy_from(spec.approval_policy)?,
             isolation: isolation_from(spec.isolation)?,
+            protocol: protocol_from(spec.protocol)?,
             approval_tools: spec
                 .approval_tools
                 .into_iter()
@@ -412,6 +426,7 @@ allowed_prompts = ["summarize*"]
 approval_policy = "policy"
 approval_tools = { "write_*" = "always", "read_*" = "never" }
 isolation = "per_session"
+protocol = "2026-07-28"
 enabled = false
 labels = { team = "infra" }
 transform = [{ prefix = "fs_" }, { prefix = { remove = "a", add = "b" } }, { suffix = "_v2" }]
@@ -474,5 +489,27 @@ max_tool_output_bytes = 10
         let spec = model::McpServerSpec::try_from(spec).unwrap();
         assert!(spec.enabled);
         assert_eq!(spec.budgets, model::Budgets::default());
+        assert_eq!(spec.protocol, model::Protocol::Auto);
+        // `auto` travels as an absent field, as it did before there was one.
+        assert_eq!(pb::McpServerSpec::from(&spec).protocol, None);
+    }
+
+    #[test]
+    fn every_protocol_survives_and_an_unknown_one_is_named() {
+        for protocol in model::Protocol::ALL {
+            let mut spec = model::McpServerSpec::new("a", model::Transport::Stdio);
+            spec.protocol = protocol;
+            let back = model::McpServerSpec::try_from(pb::McpServerSpec::from(&spec)).unwrap();
+            assert_eq!(back.protocol, protocol);
+        }
+        let unknown = pb::McpServerSpec {
+            transport: pb::Transport::Stdio.into(),
+            protocol: Some("2024-11-05".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            model::McpServerSpec::try_from(unknown).unwrap_err().field(),
+            "protocol"
+        );
     }
 }

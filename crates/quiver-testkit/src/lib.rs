@@ -12,5 +12,6 @@ pub mod oidc_issuer;
 pub mod postgres;
 #[cfg(feature = "registry")]
 pub mod registry;
+mod scenario_inputs;
 pub mod scenario_server;
 pub mod upstream;

@@ -1,10 +1,12 @@
 //! An MCP server that serves the server scenarios of the MCP conformance
-//! suite (`@modelcontextprotocol/conformance` 0.1.16): the test tools,
-//! resources, templates, prompts, completions and logging its scenarios
-//! call. `quiver-testkit-scenarios` serves it over streamable HTTP (the
-//! suite run directly against it) and over stdio (behind a worker's
-//! `/mcp/{server_id}`); `tests/e2e/conformance_server.rs` runs the suite
-//! both ways.
+//! suite (`@modelcontextprotocol/conformance` 0.1.16 and 0.2.0-alpha.12):
+//! the test tools, resources, templates, prompts, completions and logging
+//! its scenarios call, for the 2025-11-25 revision and for 2026-07-28 (no
+//! `initialize`, per-request `_meta`, `server/discover`, input by
+//! `InputRequiredResult`: `scenario_inputs`). `quiver-testkit-scenarios`
+//! serves it over streamable HTTP (the suite run directly against it) and
+//! over stdio (behind a worker's `/mcp/{server_id}`);
+//! `tests/e2e/conformance_server.rs` runs the suite both ways.
 
 // The suite exercises logging, sampling and resources/subscribe, which
 // SEP-2577 deprecates.
@@ -24,20 +26,37 @@ use rmcp::model::{
     PromptArgument, PromptMessage, ProtocolVersion, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Reference, Resource, ResourceContents,
     ResourceTemplate, Role, SamplingMessage, ServerCapabilities, ServerConfig,
-    SetLevelRequestParams, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
+    SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
+
+use crate::scenario_inputs::{Flow, Flows, Outcome, is_stateless};
 
 /// A 1×1 PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5ErkJggg==";
 /// A WAV file of no samples.
 const WAV: &str = "UklGRiQAAABXQVZFZm10IBAAAAABAAEARKwAAIhYAQACABAAZGF0YQAAAAA=";
 
-/// The server; clones share their state (subscriptions, log level).
-#[derive(Clone, Default)]
+/// The protocol revisions the server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revisions {
+    /// Every revision rmcp knows, 2026-07-28 included.
+    AllKnown,
+    /// Up to 2025-11-25, the last with `initialize`.
+    UpToInitialize,
+    /// 2026-07-28 alone: `initialize` is refused.
+    OnlyStateless,
+}
+
+/// The server; clones share their state (subscriptions, log level, the key
+/// of the flows' request states).
+#[derive(Clone)]
 pub struct ScenarioServer {
+    revisions: Revisions,
+    flows: Arc<Flows>,
     subscriptions: Arc<Mutex<BTreeSet<String>>>,
     log_level: Arc<Mutex<Option<LoggingLevel>>>,
 }
@@ -69,6 +88,11 @@ fn tool_table() -> Vec<(&'static str, &'static str, Value)> {
         (
             "test_tool_with_logging",
             "Logs while it runs",
+            empty.clone(),
+        ),
+        (
+            "test_logging_tool",
+            "Logs while it runs, at the request's log level",
             empty.clone(),
         ),
         (
@@ -112,8 +136,15 @@ fn tool_table() -> Vec<(&'static str, &'static str, Value)> {
                 "additionalProperties": false,
             }),
         ),
-        ("test_reconnection", "Answers after a pause", empty),
+        ("test_reconnection", "Answers after a pause", empty.clone()),
     ]
+    .into_iter()
+    .chain(
+        Flow::TOOLS
+            .iter()
+            .map(move |(flow, description)| (flow.name(), *description, empty.clone())),
+    )
+    .collect()
 }
 
 fn text(text: impl Into<String>) -> CallToolResult {
@@ -125,10 +156,35 @@ fn text_resource(uri: &str, mime_type: &str, text: &str) -> ResourceContents {
 }
 
 impl ScenarioServer {
+    /// A server offering `revisions`.
+    pub fn new(revisions: Revisions) -> Self {
+        Self {
+            revisions,
+            flows: Arc::new(Flows::default()),
+            subscriptions: Arc::default(),
+            log_level: Arc::default(),
+        }
+    }
+
+    /// The lowest level the client wants logged for this request, `None`
+    /// for no logging: the request's `_meta` level; else, for a stateless
+    /// request, none (it asks for logs only that way); else the session's
+    /// `logging/setLevel`, everything until it is set.
+    fn log_threshold(&self, context: &RequestContext<RoleServer>) -> Option<LoggingLevel> {
+        context.meta.log_level().or_else(|| {
+            (!is_stateless(context)).then(|| {
+                self.log_level
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or(LoggingLevel::Debug)
+            })
+        })
+    }
+
     /// Sends a log message if the client's level lets it through.
     async fn log(&self, context: &RequestContext<RoleServer>, message: &str) {
-        let level = *self.log_level.lock().unwrap_or_else(|p| p.into_inner());
-        if level.is_some_and(|min| (LoggingLevel::Info as u8) < min as u8) {
+        let threshold = self.log_threshold(context);
+        if threshold.is_none_or(|min| (LoggingLevel::Info as u8) < min as u8) {
             return;
         }
         let _ = context
@@ -205,7 +261,7 @@ impl ScenarioServer {
                     r#"{"test":"data","value":123}"#,
                 )),
             ]),
-            "test_tool_with_logging" => {
+            "test_tool_with_logging" | "test_logging_tool" => {
                 for message in ["Tool execution started", "Tool processing data", "Tool execution completed"] {
                     self.log(&context, message).await;
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -331,9 +387,24 @@ impl ServerHandler for ScenarioServer {
     }
 
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
-        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(
-            &ProtocolVersion::LATEST_WITH_INITIALIZE,
-        ))
+        std::borrow::Cow::Borrowed(match self.revisions {
+            Revisions::AllKnown => ProtocolVersion::KNOWN_VERSIONS,
+            Revisions::UpToInitialize => {
+                ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE)
+            }
+            Revisions::OnlyStateless => &[ProtocolVersion::V_2026_07_28],
+        })
+    }
+
+    /// `subscriptions/listen` (2026-07-28): every requested notification
+    /// the capabilities advertise. The default `listen` then holds the
+    /// stream until the client closes it: none of the resources changes,
+    /// like under `resources/subscribe`.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
     }
 
     async fn list_tools(
@@ -356,7 +427,25 @@ impl ServerHandler for ScenarioServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.call(request, context).await.map(Into::into)
+        let Some(flow) = Flow::tool(&request.name) else {
+            return self.call(request, context).await.map(Into::into);
+        };
+        let outcome = self
+            .flows
+            .run(
+                flow,
+                request.input_responses,
+                request.request_state,
+                &context,
+            )
+            .await?;
+        Ok(match outcome {
+            Outcome::Done(Ok(answer)) => text(answer).into(),
+            Outcome::Done(Err(reason)) => {
+                CallToolResult::error(vec![ContentBlock::text(reason)]).into()
+            }
+            Outcome::InputRequired(result) => result.into(),
+        })
     }
 
     async fn list_resources(
@@ -478,14 +567,40 @@ impl ServerHandler for ScenarioServer {
                 None,
             ),
             prompt("test_prompt_with_image", "A prompt with an image", None),
+            prompt(
+                Flow::Prompt.name(),
+                "A prompt on a context the client's user gives",
+                None,
+            ),
         ]))
     }
 
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
+        if request.name == Flow::Prompt.name() {
+            let outcome = self
+                .flows
+                .run(
+                    Flow::Prompt,
+                    request.input_responses,
+                    request.request_state,
+                    &context,
+                )
+                .await?;
+            return match outcome {
+                Outcome::Done(Ok(message)) => {
+                    Ok(
+                        GetPromptResult::new(vec![PromptMessage::new_text(Role::User, message)])
+                            .into(),
+                    )
+                }
+                Outcome::Done(Err(reason)) => Err(ErrorData::invalid_params(reason, None)),
+                Outcome::InputRequired(result) => Ok(result.into()),
+            };
+        }
         let messages = match request.name.as_str() {
             "test_simple_prompt" => vec![PromptMessage::new_text(
                 Role::User,

@@ -1,6 +1,6 @@
-//! Gateway benchmark (issue #12): `tools/call` through a worker's
-//! `/mcp/{server_id}` against a direct rmcp client of the same warm server,
-//! both measured in the same run.
+//! Gateway benchmark (issues #12, #23): `tools/call` through a worker's
+//! `/mcp/{server_id}`, by a client of each protocol era, against a direct
+//! rmcp client of the same warm server, all measured in the same run.
 //!
 //! Everything is real and in this process: the testkit's MCP server over
 //! streamable HTTP (`TCP_NODELAY`, like `quiver_testkit::mcp_server`), an
@@ -11,17 +11,22 @@
 //!
 //! - **Baseline:** an rmcp client (`StreamableHttpClientTransport`) to the
 //!   server's `/mcp`.
-//! - **Gateway:** the same kind of rmcp client to the worker's
+//! - **Gateway, 2025-11-25:** the same kind of rmcp client to the worker's
 //!   `/mcp/<id>` with the caller's bearer token: one MCP session each, the
 //!   worker calling the server on its pooled connection.
+//! - **Gateway, 2026-07-28:** an rmcp client in its `server/discover`
+//!   lifecycle: no session, every request standing alone.
+//! - **Reference:** the worker's own JSON tool API, the same worker hop
+//!   without MCP at the edge.
 //!
 //! Sequential: `QUIVER_BENCH_CALLS` [3000] calls per route in
 //! `QUIVER_BENCH_ROUNDS` [6] alternating rounds after
-//! `QUIVER_BENCH_WARMUP` [200] untimed calls; p50/p90/p99 and the p50 the
-//! gateway adds (goal ≤ 0.15 ms). Concurrent: `QUIVER_BENCH_CONCURRENCY`
-//! [64] clients, each its own MCP session (what many agents sharing a
+//! `QUIVER_BENCH_WARMUP` [200] untimed calls; p50/p90/p99 and, per era, the
+//! p50 the gateway adds over direct against what the tool API adds (goal:
+//! ≤ 1.2×). Concurrent: `QUIVER_BENCH_CONCURRENCY` [64] clients per route
+//! (each its own MCP session on 2025-11-25: what many agents sharing a
 //! gateway look like), `QUIVER_BENCH_CONCURRENT_CALLS` [12800] calls per
-//! round over all of them; throughput gateway / direct (goal ≥ 0.8×).
+//! round over all of them; throughput gateway / direct (goal ≥ 0.6×).
 //!
 //! Run: `cargo bench -p quiver-worker --bench mcp_gateway`.
 
@@ -30,11 +35,11 @@ use std::time::{Duration, Instant};
 use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use quiver_testkit::mcp_server::{TestServer, spawn_streamable_http};
-use rmcp::model::{CallToolRequestParams, JsonObject};
-use rmcp::service::{Peer, RunningService};
+use rmcp::RoleClient;
+use rmcp::model::{CallToolRequestParams, JsonObject, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 
 #[path = "support/stack.rs"]
 mod stack;
@@ -43,19 +48,46 @@ use stack::{BenchResult, CALLER_TOKEN, Stack};
 const SERVER_ID: &str = "bench-http";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// An rmcp client of `url`, with `token` as its bearer credential.
+/// An rmcp client of `url`, with `token` as its bearer credential, in the
+/// lifecycle of `era`.
 async fn client(
     url: &str,
     token: Option<&str>,
-    concurrency: usize,
+    era: Era,
 ) -> BenchResult<RunningService<RoleClient, ()>> {
-    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
-    config.max_concurrent_requests = concurrency.max(1);
+    // Each client calls one at a time (one POST in flight).
+    let mut config =
+        StreamableHttpClientTransportConfig::with_uri(url.to_owned()).max_concurrent_requests(1);
     if let Some(token) = token {
         config = config.auth_header(token.to_owned());
     }
     let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    Ok(tokio::time::timeout(WAIT, ().serve(transport)).await??)
+    let lifecycle = match era {
+        Era::Session => ClientLifecycleMode::Initialize,
+        Era::Stateless => ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+    };
+    Ok(tokio::time::timeout(WAIT, ().serve_with_lifecycle(transport, lifecycle)).await??)
+}
+
+/// The protocol era a client speaks.
+#[derive(Debug, Clone, Copy)]
+enum Era {
+    /// 2025-11-25: `initialize`, a session.
+    Session,
+    /// 2026-07-28: `server/discover`, no session.
+    Stateless,
+}
+
+/// One MCP route of the run: its clients and what they measured.
+struct Route {
+    name: &'static str,
+    url: String,
+    token: Option<&'static str>,
+    era: Era,
+    samples: Vec<Duration>,
+    rps: Vec<f64>,
 }
 
 /// One `echo` call; its answer checked.
@@ -162,91 +194,113 @@ async fn run() -> BenchResult<()> {
     spec.budgets.max_concurrency = u32::try_from(concurrency)?;
     let stack = Stack::start(vec![spec], None).await?;
     let gateway_url = format!("{}/mcp/{SERVER_ID}", stack.worker_url);
+    let route = |name, url: &str, token, era| Route {
+        name,
+        url: url.to_owned(),
+        token,
+        era,
+        samples: Vec::new(),
+        rps: Vec::new(),
+    };
+    let mut routes = [
+        route(
+            "direct rmcp client → server",
+            server.url(),
+            None,
+            Era::Session,
+        ),
+        route(
+            "2025-11-25 rmcp client (session) → worker /mcp/{id} → server",
+            &gateway_url,
+            Some(CALLER_TOKEN),
+            Era::Session,
+        ),
+        route(
+            "2026-07-28 rmcp client (no session) → worker /mcp/{id} → server",
+            &gateway_url,
+            Some(CALLER_TOKEN),
+            Era::Stateless,
+        ),
+    ];
 
-    let direct = client(server.url(), None, 1).await?;
-    let gateway = client(&gateway_url, Some(CALLER_TOKEN), 1).await?;
+    let mut sequential_clients = Vec::new();
+    for route in &routes {
+        let running = client(&route.url, route.token, route.era).await?;
+        sequential(running.peer(), warmup).await?;
+        sequential_clients.push(running);
+    }
     let http = reqwest::Client::new();
     let api_url = format!("{}/v1/mcp/tools/call", stack.worker_url);
     let injected = quiver_model::naming::injected_name(SERVER_ID, "echo")?;
-    for route in [&direct, &gateway] {
-        sequential(route.peer(), warmup).await?;
-    }
     sequential_api(&http, &api_url, &injected, warmup).await?;
-    let (mut direct_samples, mut gateway_samples, mut api_samples) =
-        (Vec::new(), Vec::new(), Vec::new());
+    let mut api_samples = Vec::new();
     for _ in 0..rounds {
-        direct_samples.extend(sequential(direct.peer(), calls / rounds).await?);
-        gateway_samples.extend(sequential(gateway.peer(), calls / rounds).await?);
+        for (route, running) in routes.iter_mut().zip(&sequential_clients) {
+            route
+                .samples
+                .extend(sequential(running.peer(), calls / rounds).await?);
+        }
         api_samples.extend(sequential_api(&http, &api_url, &injected, calls / rounds).await?);
     }
-    let (direct_samples, gateway_samples, api_samples) = (
-        Samples::new(direct_samples),
-        Samples::new(gateway_samples),
-        Samples::new(api_samples),
-    );
+    let api_samples = Samples::new(api_samples);
 
-    let mut direct_clients = Vec::with_capacity(concurrency);
-    let mut gateway_clients = Vec::with_capacity(concurrency);
-    for _ in 0..concurrency {
-        direct_clients.push(client(server.url(), None, 1).await?);
-        gateway_clients.push(client(&gateway_url, Some(CALLER_TOKEN), 1).await?);
+    let mut concurrent_clients = Vec::new();
+    for route in &routes {
+        let mut clients = Vec::with_capacity(concurrency);
+        for _ in 0..concurrency {
+            clients.push(client(&route.url, route.token, route.era).await?);
+        }
+        let peers: Vec<_> = clients.iter().map(|c| c.peer().clone()).collect();
+        concurrent(&peers, concurrency * 4).await?;
+        concurrent_clients.push((clients, peers));
     }
-    let direct_peers: Vec<_> = direct_clients.iter().map(|c| c.peer().clone()).collect();
-    let gateway_peers: Vec<_> = gateway_clients.iter().map(|c| c.peer().clone()).collect();
-    concurrent(&direct_peers, concurrency * 4).await?;
-    concurrent(&gateway_peers, concurrency * 4).await?;
-    let (mut direct_rps, mut gateway_rps) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        direct_rps.push(concurrent(&direct_peers, concurrent_calls / rounds).await?);
-        gateway_rps.push(concurrent(&gateway_peers, concurrent_calls / rounds).await?);
+        for (route, (_, peers)) in routes.iter_mut().zip(&concurrent_clients) {
+            route
+                .rps
+                .push(concurrent(peers, concurrent_calls / rounds).await?);
+        }
     }
-    let total = |rps: &[f64]| rps.iter().sum::<f64>() / rps.len() as f64;
-    let (direct_rps, gateway_rps) = (total(&direct_rps), total(&gateway_rps));
 
-    let added = ms(gateway_samples.p50()) - ms(direct_samples.p50());
-    let ratio = gateway_rps / direct_rps;
     println!(
         "tools/call `echo`, testkit server over streamable HTTP; {calls} sequential calls per route in {rounds} alternating rounds, {concurrency} clients × {concurrent_calls} calls per route concurrently"
     );
     println!("| route | p50 ms | p90 ms | p99 ms | calls/s at {concurrency} clients |");
     println!("|---|---:|---:|---:|---:|");
-    for (name, samples, rps) in [
-        (
-            "direct rmcp client → server",
-            &direct_samples,
-            Some(direct_rps),
-        ),
-        (
-            "rmcp client → worker /mcp/{id} → server",
-            &gateway_samples,
-            Some(gateway_rps),
-        ),
-        (
-            "reference: HTTP JSON → worker /v1/mcp/tools/call → server",
-            &api_samples,
-            None,
-        ),
-    ] {
+    let mut measured = Vec::new();
+    for route in &routes {
+        let samples = Samples::new(route.samples.clone());
+        let rps = route.rps.iter().sum::<f64>() / route.rps.len() as f64;
         println!(
-            "| {name} | {:.3} | {:.3} | {:.3} | {} |",
+            "| {} | {:.3} | {:.3} | {:.3} | {rps:.0} |",
+            route.name,
             ms(samples.p50()),
             ms(samples.percentile(0.9)),
             ms(samples.p99()),
-            rps.map_or_else(|| "—".to_owned(), |rps: f64| format!("{rps:.0}"))
         );
+        measured.push((samples, rps));
     }
     println!(
-        "of the added p50: the MCP edge (gateway − tool API) {:.3} ms; the worker's hop to the server and its call path (tool API − direct) {:.3} ms",
-        ms(gateway_samples.p50()) - ms(api_samples.p50()),
-        ms(api_samples.p50()) - ms(direct_samples.p50())
+        "| reference: HTTP JSON → worker /v1/mcp/tools/call → server | {:.3} | {:.3} | {:.3} | — |",
+        ms(api_samples.p50()),
+        ms(api_samples.percentile(0.9)),
+        ms(api_samples.p99()),
     );
+    let (direct, direct_rps) = &measured[0];
+    let api_added = ms(api_samples.p50()) - ms(direct.p50());
     let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
-    println!(
-        "added p50: {added:.3} ms (goal ≤ 0.150 ms: {}); throughput gateway / direct: {ratio:.2}× (goal ≥ 0.80×: {})",
-        verdict(added <= 0.150),
-        verdict(ratio >= 0.8)
-    );
-    drop((direct, gateway, direct_clients, gateway_clients));
+    for (route, (samples, rps)) in routes.iter().zip(&measured).skip(1) {
+        let added = ms(samples.p50()) - ms(direct.p50());
+        let added_ratio = added / api_added;
+        let throughput = rps / direct_rps;
+        println!(
+            "{}: added p50 {added:.3} ms = {added_ratio:.2}× the tool API's added {api_added:.3} ms (goal ≤ 1.20×: {}); throughput / direct {throughput:.2}× (goal ≥ 0.60×: {})",
+            route.name,
+            verdict(added_ratio <= 1.2),
+            verdict(throughput >= 0.6)
+        );
+    }
+    drop((sequential_clients, concurrent_clients));
     stack.stop().await;
     server.shutdown().await?;
     Ok(())

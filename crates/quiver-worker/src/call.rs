@@ -210,6 +210,25 @@ fn binding<'a>(
     }
 }
 
+/// The refusal of approval `id` for what trying to use it came to (`Ok`:
+/// it was used, the call may run).
+pub fn approval_refusal(id: &str, outcome: UseOutcome) -> Result<(), CallError> {
+    match outcome {
+        UseOutcome::Used => Ok(()),
+        UseOutcome::Denied => Err(CallError::ApprovalDenied(format!(
+            "approval {id} was denied by an approver"
+        ))),
+        UseOutcome::Mismatch(field) => Err(CallError::ApprovalInvalid(format!(
+            "approval {id} was given for another call (its {} differs)",
+            field.as_str()
+        ))),
+        other => Err(CallError::ApprovalInvalid(format!(
+            "approval {id} cannot be used: {}",
+            other.as_str().replace('_', " ")
+        ))),
+    }
+}
+
 /// The principal the registry records for an approval's caller (empty: the
 /// worker's credential stands for it).
 fn principal_of(caller: Option<&CallerId>) -> String {
@@ -456,27 +475,29 @@ impl ToolRunner {
         arguments: Option<Value>,
         id: &str,
     ) -> Result<(), CallError> {
+        let outcome = self
+            .approval_outcome(task, caller, tool, arguments, id)
+            .await?;
+        approval_refusal(id, outcome)
+    }
+
+    /// Tries to use approval `id` for this call and says what came of it
+    /// (`Used`: it may run, once; `Pending`: no approver decided yet).
+    pub async fn approval_outcome(
+        &self,
+        task: &Task,
+        caller: Option<CallerId>,
+        tool: &CatalogTool,
+        arguments: Option<Value>,
+        id: &str,
+    ) -> Result<UseOutcome, CallError> {
         let approvals = self.approvals(tool)?;
         let arguments = Value::Object(arguments_object(arguments)?);
         let caller = principal_of(caller.as_ref());
-        match approvals
+        approvals
             .use_for(id, &binding(task, &caller, tool, &arguments))
             .await
-            .map_err(unreachable)?
-        {
-            UseOutcome::Used => Ok(()),
-            UseOutcome::Denied => Err(CallError::ApprovalDenied(format!(
-                "approval {id} was denied by an approver"
-            ))),
-            UseOutcome::Mismatch(field) => Err(CallError::ApprovalInvalid(format!(
-                "approval {id} was given for another call (its {} differs)",
-                field.as_str()
-            ))),
-            other => Err(CallError::ApprovalInvalid(format!(
-                "approval {id} cannot be used: {}",
-                other.as_str().replace('_', " ")
-            ))),
-        }
+            .map_err(unreachable)
     }
 
     /// The tool `name` refers to among those `task` may use.

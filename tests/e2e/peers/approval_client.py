@@ -7,6 +7,10 @@ Usage: approval_client.py <mcp url> <caller token> <registry http url> <admin to
            accepts; the call then runs.
   retry    no elicitation: the call fails with the approval's id; the client
            approves it and repeats the call with _meta["quiver/approval_id"].
+  modern   the SDK's high-level Client in its default mode (MCP 2026-07-28, no
+           session): the gateway's `input_required` result asks; the client
+           approves as in `elicit`, accepts, and the SDK retries the call with
+           the answer and the gateway's requestState.
 Prints a JSON report."""
 
 import json
@@ -15,7 +19,7 @@ import sys
 
 import anyio
 import httpx2
-from mcp import ClientSession, types
+from mcp import Client, ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 
 url, token, registry, admin, mode = sys.argv[1:6]
@@ -44,9 +48,20 @@ def dump(value):
     return value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+async def modern(http):
+    client = Client(streamable_http_client(url, http_client=http), elicitation_callback=on_elicit, cache=None)
+    async with client:
+        report["protocol_version"] = client.protocol_version
+        with anyio.fail_after(30):
+            report["first"] = dump(await client.call_tool("add", {"a": 2, "b": 3}))
+
+
 async def main():
     headers = {"authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http:
+        if mode == "modern":
+            await modern(http)
+            return
         async with streamable_http_client(url, http_client=http) as (read, write, *_):
             callback = on_elicit if mode == "elicit" else None
             async with ClientSession(read, write, elicitation_callback=callback) as session:

@@ -1,7 +1,9 @@
 """An MCP server of the official Python SDK (`mcp` 2.x, stdio) behind the
-gateway in tests/e2e/gateway.rs: tools (one with structured output and a
-title, one slow that reports progress and notes its cancellation),
-resources and prompts, some of which the record's allow lists hide.
+gateway in tests/e2e/gateway.rs and gateway_2026.rs: tools (one with
+structured output and a title, one slow that reports progress and notes its
+cancellation, two that ask the client during the call: elicitation and
+sampling), resources and prompts, some of which the record's allow lists
+hide.
 
 Usage: gateway_upstream.py <state dir>
 A cancelled `slow` call creates `<state dir>/cancelled-<pid>`."""
@@ -59,6 +61,32 @@ async def grow(ctx: Context) -> str:
     server.add_tool(grown, name="grown")
     await ctx.session.send_tool_list_changed()
     return "grew"
+
+
+class Colour(BaseModel):
+    colour: str
+
+
+@server.tool()
+async def ask(ctx: Context) -> str:
+    """Asks the person at the client for a colour (elicitation) during the call."""
+    answer = await ctx.elicit("Which colour?", Colour)
+    if answer.action != "accept":
+        return f"no colour ({answer.action})"
+    return f"colour: {answer.data.colour}"
+
+
+@server.tool()
+async def think(ctx: Context) -> str:
+    """Asks the client's model (sampling) during the call."""
+    from mcp import types
+
+    result = await ctx.session.create_message(
+        messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Say hi"))],
+        max_tokens=20,
+        related_request_id=ctx.request_id,
+    )
+    return f"model said: {result.content.text}"
 
 
 @server.resource("notes://public", name="public", mime_type="text/plain")

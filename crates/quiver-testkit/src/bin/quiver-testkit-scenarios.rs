@@ -3,15 +3,19 @@
 //!
 //! `--listen ADDR`: streamable HTTP at `/mcp` with rmcp's default DNS-rebinding
 //! protection (loopback hosts only); prints one line,
-//! `{"listening":"http://ADDR/mcp"}`, once bound. `--stdio`: MCP on
-//! stdin/stdout. Logs go to stderr.
+//! `{"listening":"http://ADDR/mcp"}`, once bound. Sessions that `initialize`
+//! are kept; 2026-07-28 requests are served statelessly. `--stdio`: MCP on
+//! stdin/stdout, opened by `initialize` or by 2026-07-28 requests
+//! (`server/discover`). `--legacy`: offer only the revisions up to
+//! 2025-11-25 (the last with `initialize`); `--stateless-only`: offer
+//! 2026-07-28 alone (`initialize` is refused). Logs go to stderr.
 
 use std::io::Write as _;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use quiver_testkit::scenario_server::ScenarioServer;
+use quiver_testkit::scenario_server::{Revisions, ScenarioServer};
 use rmcp::ServiceExt as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -25,6 +29,13 @@ struct Args {
     /// Serve on stdin/stdout.
     #[arg(long)]
     stdio: bool,
+    /// Offer only the protocol revisions up to 2025-11-25, the last with
+    /// `initialize` (default: every revision, 2026-07-28 included).
+    #[arg(long)]
+    legacy: bool,
+    /// Offer 2026-07-28 alone: `initialize` is refused.
+    #[arg(long, conflicts_with = "legacy")]
+    stateless_only: bool,
 }
 
 #[tokio::main]
@@ -36,11 +47,16 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    let server = ScenarioServer::new(match (args.legacy, args.stateless_only) {
+        (true, _) => Revisions::UpToInitialize,
+        (_, true) => Revisions::OnlyStateless,
+        _ => Revisions::AllKnown,
+    });
     if args.stdio {
-        let service = ScenarioServer::default()
+        let service = server
             .serve(rmcp::transport::stdio())
             .await
-            .context("initialize over stdio")?;
+            .context("opening the session over stdio")?;
         service.waiting().await.context("serving stdio")?;
         return Ok(());
     }
@@ -49,7 +65,6 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
-    let server = ScenarioServer::default();
     let service: StreamableHttpService<ScenarioServer, LocalSessionManager> =
         StreamableHttpService::new(
             move || Ok(server.clone()),

@@ -11,9 +11,12 @@
 //! `Host`/`Origin` ([`rebinding`]) and the caller's token before a request
 //! gets here.
 
+pub mod inputs;
 pub mod peer;
 pub mod rebinding;
+pub mod request_state;
 pub mod revoked;
+pub mod round;
 pub mod scope;
 pub mod server;
 pub mod session_id;
@@ -36,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::ToolRunner;
 use crate::error::ErrorObject;
+use crate::gateway::request_state::RequestStates;
 use crate::gateway::revoked::Revoked;
 use crate::gateway::scope::Scope;
 use crate::gateway::server::{GatewayRequest, GatewayServer, Shared};
@@ -49,6 +53,8 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 /// The protocol's method names (labels of `mcp_gateway_requests_total`).
 const MCP_METHODS: &[&str] = &[
     "initialize",
+    "server/discover",
+    "subscriptions/listen",
     "ping",
     "tools/list",
     "tools/call",
@@ -307,10 +313,15 @@ impl Gateway {
         options: GatewayOptions,
         shutdown: &CancellationToken,
     ) -> Gateway {
+        let states = options
+            .session_secret
+            .as_deref()
+            .map_or_else(RequestStates::random, RequestStates::new);
         let shared = Arc::new(Shared {
             runner,
             snapshot,
             sessions: Arc::default(),
+            states,
         });
         let store = Arc::new(GatewaySessionStore::default());
         let mut manager = LocalSessionManager::default();
@@ -435,12 +446,16 @@ impl Gateway {
             .map(|p| (p.method, p.protocol_version.unwrap_or_default()))
             .unwrap_or_default();
         let initialize = rpc_method == "initialize";
-        if initialize && let Err(refused) = self.check_scope(&request_info) {
+        if (initialize || rpc_method == "server/discover")
+            && let Err(refused) = self.check_scope(&request_info)
+        {
             return self.count(&method, &rpc_method, refused);
         }
-        // A session opened or resumed here takes a slot (both caps) for the
-        // length of the request; once open it counts by itself.
-        let _admission = if initialize || resumes {
+        // A session opened or resumed here, or a 2026-07-28 listen stream,
+        // takes a slot (both caps) for the length of the request; once open
+        // it counts by itself.
+        let listens = rpc_method == "subscriptions/listen";
+        let _admission = if initialize || resumes || listens {
             let options = &self.inner.options;
             match self.inner.shared.sessions.admit(
                 &caller,

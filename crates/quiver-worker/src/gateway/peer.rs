@@ -1,6 +1,7 @@
 //! The gateway's client as the caller of a relayed call: what the server
-//! sends about the call goes to the client's session (see
-//! `quiver_mcp::relay`), its requests on the stream of the client's request.
+//! sends about the call goes to the client (see `quiver_mcp::relay`) on the
+//! stream of the client's request: its session's (2025-11-25 and older) or
+//! the request's own (2026-07-28, no session).
 
 // SEP-2577 deprecates sampling and server logging; servers still use both.
 #![expect(deprecated)]
@@ -14,13 +15,15 @@ use quiver_mcp::relay::CallPeer;
 use rmcp::RoleServer;
 use rmcp::model::{
     ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
-    ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, GetExtensions,
-    LoggingMessageNotificationParam, ProgressNotificationParam, RequestId, ServerRequest,
+    ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, GetExtensions, ListRootsRequest,
+    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam,
+    RequestId, RequestMetaObject, ServerRequest,
 };
 use rmcp::service::{OriginatingRequestId, Peer, ServiceError};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use crate::gateway::sessions::LiveSession;
+use crate::gateway::inputs::Inputs;
+use crate::gateway::sessions::{LiveSession, RELAY_SLOTS};
 
 /// Longest wait, when a call is done, for the notifications relayed about
 /// it to be handed to the client's stream before its result.
@@ -34,6 +37,65 @@ enum Relayed {
     Flushed(oneshot::Sender<()>),
 }
 
+/// Where a call's relayed traffic goes.
+pub struct Downstream {
+    /// The client.
+    pub peer: Peer<RoleServer>,
+    /// The lowest level of log messages relayed (`None`: none are).
+    pub log_level: Option<LoggingLevel>,
+    /// Relayed notifications in flight at most (shared by a session's calls).
+    pub relay_slots: Arc<Semaphore>,
+    /// How the server's requests (sampling, elicitation, roots) reach the
+    /// client.
+    pub asks: Asks,
+}
+
+/// How a server's requests reach the client.
+#[derive(Clone)]
+pub enum Asks {
+    /// As requests of their own on the session (2025-11-25 and older).
+    Session,
+    /// As the `input_required` result of the client's request (2026-07-28:
+    /// no server-to-client requests).
+    InputRequired(Arc<Inputs>),
+}
+
+impl Downstream {
+    /// The client of an open session, at the session's log level.
+    pub fn of_session(session: &LiveSession) -> Self {
+        Downstream {
+            peer: session.peer.clone(),
+            // All until the session sets a level.
+            log_level: Some(
+                session
+                    .log_level
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or(LoggingLevel::Debug),
+            ),
+            relay_slots: session.relay_slots.clone(),
+            asks: Asks::Session,
+        }
+    }
+
+    /// The client of one request without a session (2026-07-28): its
+    /// notifications go on the request's own response stream, what the
+    /// server asks into `inputs`; log messages only at or above the level
+    /// the request's `_meta` opts in to (none without one).
+    pub fn of_request(
+        peer: Peer<RoleServer>,
+        inputs: Arc<Inputs>,
+        log_level: Option<LoggingLevel>,
+    ) -> Self {
+        Downstream {
+            peer,
+            log_level,
+            relay_slots: Arc::new(Semaphore::new(RELAY_SLOTS)),
+            asks: Asks::InputRequired(inputs),
+        }
+    }
+}
+
 /// The client of one gateway request.
 ///
 /// Notifications about the call are sent by one task in the order the
@@ -41,8 +103,8 @@ enum Relayed {
 /// for them: a client counting progress notifications sees every one before
 /// the result (a task per notification let the result overtake them).
 pub struct DownstreamPeer {
-    /// The client's session (its peer and log level).
-    session: Arc<LiveSession>,
+    /// Where the traffic goes.
+    downstream: Downstream,
     /// The client's request the relayed traffic belongs to.
     request_id: RequestId,
     queue: mpsc::UnboundedSender<Relayed>,
@@ -56,11 +118,11 @@ fn service_error(err: ServiceError) -> ErrorData {
 }
 
 impl DownstreamPeer {
-    /// The client of `request_id` in `session`; starts the task that sends
-    /// its notifications (it ends when the peer is dropped).
-    pub fn new(session: Arc<LiveSession>, request_id: RequestId) -> Self {
+    /// The client of `request_id`; starts the task that sends its
+    /// notifications (it ends when the peer is dropped).
+    pub fn new(downstream: Downstream, request_id: RequestId) -> Self {
         let (queue, mut relayed) = mpsc::unbounded_channel();
-        let peer: Peer<RoleServer> = session.peer.clone();
+        let peer: Peer<RoleServer> = downstream.peer.clone();
         tokio::spawn(async move {
             while let Some(item) = relayed.recv().await {
                 // A client that went away only fails its own sends.
@@ -78,7 +140,7 @@ impl DownstreamPeer {
             }
         });
         DownstreamPeer {
-            session,
+            downstream,
             request_id,
             queue,
         }
@@ -102,14 +164,14 @@ impl DownstreamPeer {
         request
             .extensions_mut()
             .insert(OriginatingRequestId(self.request_id.clone()));
-        let peer: Peer<RoleServer> = self.session.peer.clone();
+        let peer: Peer<RoleServer> = self.downstream.peer.clone();
         async move { peer.send_request(request).await.map_err(service_error) }.boxed()
     }
 
     /// Queues a notification for the client if the session has a relay
     /// slot free; otherwise drops it (counted).
     fn notify(&self, relayed: impl FnOnce(OwnedSemaphorePermit) -> Relayed) {
-        let Ok(slot) = self.session.relay_slots.clone().try_acquire_owned() else {
+        let Ok(slot) = self.downstream.relay_slots.clone().try_acquire_owned() else {
             metrics::counter!("mcp_gateway_relay_dropped_total").increment(1);
             return;
         };
@@ -123,12 +185,11 @@ impl CallPeer for DownstreamPeer {
     }
 
     fn log(&self, params: LoggingMessageNotificationParam) {
-        let wanted = *self
-            .session
+        let wanted = self
+            .downstream
             .log_level
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if wanted.is_some_and(|level| (params.level as u8) < level as u8) {
+            .is_some_and(|level| params.level as u8 >= level as u8);
+        if !wanted {
             return;
         }
         self.notify(|slot| Relayed::Log(params, slot));
@@ -138,6 +199,10 @@ impl CallPeer for DownstreamPeer {
         &self,
         params: CreateMessageRequestParams,
     ) -> BoxFuture<'static, Result<CreateMessageResult, ErrorData>> {
+        if let Asks::InputRequired(inputs) = &self.downstream.asks {
+            let inputs = inputs.clone();
+            return async move { inputs.sample(params).await }.boxed();
+        }
         let answer = self.request(ServerRequest::CreateMessageRequest(
             CreateMessageRequest::new(params),
         ));
@@ -157,12 +222,46 @@ impl CallPeer for DownstreamPeer {
         &self,
         params: ElicitRequestParams,
     ) -> BoxFuture<'static, Result<ElicitResult, ErrorData>> {
+        if let Asks::InputRequired(inputs) = &self.downstream.asks {
+            let inputs = inputs.clone();
+            return async move { inputs.elicit(params).await }.boxed();
+        }
         let answer = self.request(ServerRequest::ElicitRequest(ElicitRequest::new(params)));
         async move {
             match answer.await? {
                 ClientResult::ElicitResult(result) => Ok(result),
                 _ => Err(ErrorData::internal_error(
                     "the client answered elicitation/create with another result",
+                    None,
+                )),
+            }
+        }
+        .boxed()
+    }
+
+    fn list_roots(
+        &self,
+        meta: Option<RequestMetaObject>,
+    ) -> BoxFuture<'static, Result<ListRootsResult, ErrorData>> {
+        if let Asks::InputRequired(inputs) = &self.downstream.asks {
+            let inputs = inputs.clone();
+            return async move { inputs.roots(meta).await }.boxed();
+        }
+        // A client that declared no roots has none to give.
+        let declared = self
+            .downstream
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.roots.is_some());
+        if !declared {
+            return futures::future::ready(Ok(ListRootsResult::default())).boxed();
+        }
+        let answer = self.request(ServerRequest::ListRootsRequest(ListRootsRequest::default()));
+        async move {
+            match answer.await? {
+                ClientResult::ListRootsResult(result) => Ok(result),
+                _ => Err(ErrorData::internal_error(
+                    "the client answered roots/list with another result",
                     None,
                 )),
             }

@@ -21,6 +21,7 @@ use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::relay::CallAttachment;
 use quiver_mcp::{CallOptions, ForwardError};
 use quiver_model::StoredServer;
+use quiver_model::approval::UseOutcome;
 use quiver_model::naming::{injected_name, parse_injected_name};
 use quiver_model::policy::{
     ServerContentFilter, SessionFilter, check_session_within_task, server_selected,
@@ -29,22 +30,25 @@ use quiver_model::resource_uri;
 use quiver_sync::Snapshot;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
-    ContentBlock, ElicitRequestParams, ElicitationAction, ElicitationSchema, ErrorCode as RpcCode,
-    ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation, InitializeRequestParams,
-    InitializeResult, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, PromptsCapability, ProtocolVersion,
-    ReadResourceRequestParams, ReadResourceResponse, Reference, ResourcesCapability,
-    ServerCapabilities, ServerConfig, SetLevelRequestParams, SubscribeRequestParams, Tool,
-    ToolsCapability, UnsubscribeRequestParams,
+    ContentBlock, DiscoverResult, ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    ErrorCode as RpcCode, ErrorData, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
+    Implementation, InitializeRequestParams, InitializeResult, InputRequiredResult,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, PromptsCapability, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Reference, ResourcesCapability, ResultType,
+    ServerCapabilities, ServerConfig, SetLevelRequestParams, SubscribeRequestParams,
+    SubscriptionFilter, Tool, ToolsCapability, UnsubscribeRequestParams,
 };
-use rmcp::service::{Peer, RequestContext, ServiceError};
+use rmcp::service::{Peer, RequestContext, ServiceError, SubscriptionContext};
 use rmcp::{RoleClient, RoleServer, ServerHandler};
 
 use crate::auth::{CallerId, Task};
-use crate::call::{CallContext, CallError, ToolRunner};
+use crate::call::{CallContext, CallError, ToolRunner, approval_refusal};
 use crate::catalog::{Catalog, CatalogTool};
 use crate::error::ErrorObject;
-use crate::gateway::peer::DownstreamPeer;
+use crate::gateway::peer::{Downstream, DownstreamPeer};
+use crate::gateway::request_state::RequestStates;
+use crate::gateway::round::{ApprovalStep, Carried, Round, RoundKey};
 use crate::gateway::scope::Scope;
 use crate::gateway::sessions::{LiveSession, LiveSessions, RELAY_SLOTS, Registered};
 
@@ -86,6 +90,8 @@ pub struct Shared {
     pub snapshot: quiver_sync::SnapshotHandle,
     /// Open sessions, for notifications.
     pub sessions: Arc<LiveSessions>,
+    /// Signs the `requestState` of 2026-07-28 requests (fleet-wide key).
+    pub states: RequestStates,
 }
 
 /// One session's server.
@@ -124,6 +130,40 @@ impl GatewayServer {
 
 /// The `_meta` key of a `tools/call` that names its approval (§13.7).
 pub const APPROVAL_META: &str = "quiver/approval_id";
+
+/// The caching hints (2026-07-28) of what the gateway answers: none of its
+/// own, so rmcp's defaults apply (`ttlMs: 0`, `cacheScope: "private"`). A
+/// server's own hints are dropped: what a caller sees is filtered for that
+/// caller and a registry edit changes it at once.
+const GATEWAY_CACHE_HINTS: (Option<u64>, Option<rmcp::model::CacheScope>) = (None, None);
+
+/// A result the gateway relays as complete: 2026-07-28 requires
+/// `resultType` and a server of an older revision sends none (rmcp takes it
+/// off again for a client of an older revision).
+trait Completed {
+    fn completed(self) -> Self;
+}
+
+macro_rules! completed {
+    ($($result:ty),*) => {$(
+        impl Completed for $result {
+            fn completed(mut self) -> Self {
+                self.result_type.get_or_insert(ResultType::COMPLETE);
+                self
+            }
+        }
+    )*};
+}
+
+completed!(
+    CallToolResult,
+    GetPromptResult,
+    ListPromptsResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
+    ReadResourceResult,
+    CompleteResult
+);
 
 /// Pages followed per server when the catalog endpoint lists resources or
 /// prompts of several servers (each page is bounded by the pool).
@@ -346,10 +386,27 @@ impl GatewayServer {
         F: FnOnce(Peer<RoleClient>) -> Fut,
         Fut: Future<Output = Result<T, ServiceError>>,
     {
+        self.forward_attached(on, server, None, request).await
+    }
+
+    /// [`forward`](Self::forward), with what the server asks meanwhile
+    /// relayed to `attachment`'s client.
+    async fn forward_attached<T, F, Fut>(
+        &self,
+        on: &GatewayRequest,
+        server: &Arc<StoredServer>,
+        attachment: Option<CallAttachment>,
+        request: F,
+    ) -> Result<T, ErrorData>
+    where
+        T: serde::Serialize,
+        F: FnOnce(Peer<RoleClient>) -> Fut,
+        Fut: Future<Output = Result<T, ServiceError>>,
+    {
         self.shared
             .runner
             .pool()
-            .forward(server, on.session_key().as_ref(), request)
+            .forward(server, on.session_key().as_ref(), attachment, request)
             .await
             .map_err(forward_error)
     }
@@ -390,7 +447,8 @@ impl GatewayServer {
             .await?;
         let filter = Self::content_filter(server)?;
         listed.prompts.retain(|p| filter.allows_prompt(&p.name));
-        Ok(listed)
+        (listed.ttl_ms, listed.cache_scope) = GATEWAY_CACHE_HINTS;
+        Ok(listed.completed())
     }
 
     async fn resources_of(
@@ -407,29 +465,169 @@ impl GatewayServer {
             .await?;
         let filter = Self::content_filter(server)?;
         listed.resources.retain(|r| filter.allows_resource(&r.uri));
-        Ok(listed)
+        (listed.ttl_ms, listed.cache_scope) = GATEWAY_CACHE_HINTS;
+        Ok(listed.completed())
     }
 
     async fn read_from(
         &self,
+        context: &RequestContext<RoleServer>,
         request: &GatewayRequest,
         server: &Arc<StoredServer>,
-        params: ReadResourceRequestParams,
+        mut params: ReadResourceRequestParams,
     ) -> Result<ReadResourceResponse, ErrorData> {
         resource_allowed(&Self::content_filter(server)?, &params.uri)?;
-        self.forward(request, server, |peer| async move {
+        let carried = Carried {
+            responses: params.input_responses.take(),
+            state: params.request_state.take(),
+        };
+        let key = self.round_key(
+            request,
+            "resources/read",
+            &params.uri,
+            serde_json::Value::Null,
+        );
+        let round = self.round(context, key, carried)?;
+        let attachment = self.attachment(context, round.as_ref()).map(|(_, a)| a);
+        let read = self.forward_attached(request, server, attachment, |peer| async move {
             peer.read_resource(params).await
-        })
-        .await
-        .map(Into::into)
+        });
+        let mut read = match in_round(round.as_ref(), read).await? {
+            Settled::Done(read) => read,
+            Settled::InputRequired(asked) => return Ok(ReadResourceResponse::InputRequired(asked)),
+        };
+        (read.ttl_ms, read.cache_scope) = GATEWAY_CACHE_HINTS;
+        Ok(read.completed().into())
     }
+
+    /// The key of a round of `method` on `target` for this caller.
+    fn round_key(
+        &self,
+        request: &GatewayRequest,
+        method: &'static str,
+        target: &str,
+        arguments: serde_json::Value,
+    ) -> RoundKey {
+        RoundKey {
+            caller: request.caller.principal(),
+            endpoint: request.scope.endpoint(),
+            method,
+            target: target.to_owned(),
+            arguments,
+        }
+    }
+
+    /// The round of a request without a session (2026-07-28); `None` for a
+    /// session's request, whose client the server asks directly.
+    fn round(
+        &self,
+        context: &RequestContext<RoleServer>,
+        key: RoundKey,
+        carried: Carried,
+    ) -> Result<Option<Round>, ErrorData> {
+        if self.registered.get().is_some() {
+            return Ok(None);
+        }
+        let capabilities = context.meta.client_capabilities().unwrap_or_default();
+        Round::open(&self.shared.states, key, carried, capabilities).map(Some)
+    }
+
+    /// Where what the server sends about a request goes: the session's
+    /// client, or the request's own stream and round.
+    fn attachment(
+        &self,
+        context: &RequestContext<RoleServer>,
+        round: Option<&Round>,
+    ) -> Option<(Arc<DownstreamPeer>, CallAttachment)> {
+        let downstream = match (self.registered.get(), round) {
+            (Some(registered), _) => Downstream::of_session(&registered.session),
+            (None, Some(round)) => Downstream::of_request(
+                context.peer.clone(),
+                round.inputs.clone(),
+                context.meta.log_level(),
+            ),
+            (None, None) => return None,
+        };
+        let peer = Arc::new(DownstreamPeer::new(downstream, context.id.clone()));
+        let attachment = CallAttachment {
+            peer: peer.clone(),
+            progress_token: context.meta.get_progress_token(),
+        };
+        Some((peer, attachment))
+    }
+}
+
+/// How a request of a round settled.
+enum Settled<T> {
+    /// The server answered.
+    Done(T),
+    /// The client must answer first.
+    InputRequired(InputRequiredResult),
+}
+
+/// Runs `answer` within `round` (if any): the round may end first, asking
+/// the client.
+async fn in_round<T>(
+    round: Option<&Round>,
+    answer: impl Future<Output = Result<T, ErrorData>>,
+) -> Result<Settled<T>, ErrorData> {
+    let Some(round) = round else {
+        return answer.await.map(Settled::Done);
+    };
+    tokio::select! {
+        answer = answer => match answer {
+            Ok(answer) => Ok(Settled::Done(answer)),
+            Err(error) => Err(round.inputs.missing_capability().unwrap_or(error)),
+        },
+        asked = round.ended() => asked.map(Settled::InputRequired),
+    }
+}
+
+impl GatewayServer {
+    /// What the endpoint says of itself (`initialize`, `server/discover`):
+    /// `/mcp/{id}` is the server as it introduced itself to the worker,
+    /// with list changes announced; `/mcp` the gateway's catalog.
+    async fn info_for(&self, request: &GatewayRequest) -> Result<ServerConfig, ErrorData> {
+        Ok(match &request.scope {
+            Scope::Server(id) => {
+                let server = self.server(request, id)?;
+                let upstream = self
+                    .shared
+                    .runner
+                    .pool()
+                    .server_info(&server)
+                    .await
+                    .map_err(|err| forward_error(err.into()))?;
+                let mut info = InitializeResult::new(Self::capabilities(
+                    &request.scope,
+                    Some(&upstream.capabilities),
+                ));
+                if let Some(implementation) = &upstream.server_info {
+                    info = info.with_server_info(implementation.clone());
+                }
+                info.instructions = upstream.instructions.clone();
+                info
+            }
+            Scope::Catalog { .. } => self.get_info(),
+        })
+    }
+}
+
+/// What settling a call's approval came to.
+enum Approval {
+    /// The call may run.
+    Granted,
+    /// The client is asked to wait for an approver (2026-07-28).
+    Ask(InputRequiredResult),
 }
 
 impl GatewayServer {
     /// Settles the approval of a call (§13.7 **R-APPR-2**): the approval the
     /// client names in `_meta["quiver/approval_id"]` is used; without one, an
-    /// approval is requested and, if the client can be asked (elicitation),
-    /// the person at it is asked to accept once an approver approved it;
+    /// approval is requested and the person at the client, if it can be
+    /// asked, is asked to accept once an approver approved it — by
+    /// elicitation on a session, by `input_required` without one (the
+    /// approval's id travels in the request state until it is decided);
     /// otherwise the refusal carries the approval's id.
     async fn approve(
         &self,
@@ -438,41 +636,82 @@ impl GatewayServer {
         tool: &CatalogTool,
         arguments: Option<serde_json::Value>,
         approval_id: Option<String>,
-    ) -> Result<(), CallError> {
+        round: Option<&mut Round>,
+    ) -> Result<Approval, CallError> {
         let runner = &self.shared.runner;
-        let id = match approval_id {
-            Some(id) => id,
-            None => {
-                let refusal = runner
-                    .request_approval(
-                        &request.task,
-                        Some(request.caller.clone()),
-                        tool,
-                        arguments.clone(),
-                    )
-                    .await?;
-                let CallError::ApprovalRequired {
-                    approval_id: Some(id),
-                    ..
-                } = &refusal
-                else {
-                    return Err(refusal);
-                };
-                if !self.elicit_approval(context, tool, id).await {
-                    return Err(refusal);
-                }
-                id.clone()
+        let caller = Some(request.caller.clone());
+        if let Some(id) = approval_id {
+            runner
+                .use_approval(&request.task, caller, tool, arguments, &id)
+                .await?;
+            if let Some(round) = round {
+                round.approval_used(id);
             }
+            return Ok(Approval::Granted);
+        }
+        let Some(round) = round else {
+            let refusal = runner
+                .request_approval(&request.task, caller.clone(), tool, arguments.clone())
+                .await?;
+            let CallError::ApprovalRequired {
+                approval_id: Some(id),
+                ..
+            } = &refusal
+            else {
+                return Err(refusal);
+            };
+            if !self.elicit_approval(context, tool, id).await {
+                return Err(refusal);
+            }
+            runner
+                .use_approval(&request.task, caller, tool, arguments, id)
+                .await?;
+            return Ok(Approval::Granted);
         };
-        runner
-            .use_approval(
-                &request.task,
-                Some(request.caller.clone()),
-                tool,
-                arguments,
-                &id,
-            )
-            .await
+        match round.approval().clone() {
+            ApprovalStep::Used(_) => Ok(Approval::Granted),
+            ApprovalStep::Waiting(id) => {
+                if round.approval_answer() == Some(false) {
+                    return Err(CallError::ApprovalRequired {
+                        message: format!(
+                            "{}.{} requires an approval: the client declined to wait for approval {id}",
+                            tool.server_id(),
+                            tool.tool_name()
+                        ),
+                        approval_id: Some(id),
+                    });
+                }
+                match runner
+                    .approval_outcome(&request.task, caller, tool, arguments, &id)
+                    .await?
+                {
+                    UseOutcome::Pending => {
+                        let message = approval_question(tool, &id);
+                        Ok(Approval::Ask(round.ask_approval(id, message)))
+                    }
+                    outcome => {
+                        approval_refusal(&id, outcome)?;
+                        round.approval_used(id);
+                        Ok(Approval::Granted)
+                    }
+                }
+            }
+            ApprovalStep::NotAsked => {
+                let refusal = runner
+                    .request_approval(&request.task, caller, tool, arguments)
+                    .await?;
+                match &refusal {
+                    CallError::ApprovalRequired {
+                        approval_id: Some(id),
+                        ..
+                    } if round.can_ask() => {
+                        let message = approval_question(tool, id);
+                        Ok(Approval::Ask(round.ask_approval(id.clone(), message)))
+                    }
+                    _ => Err(refusal),
+                }
+            }
+        }
     }
 
     /// Asks the person at the client to accept once approval `id` is
@@ -500,11 +739,7 @@ impl GatewayServer {
             .peer
             .create_elicitation(ElicitRequestParams::FormElicitationParams {
                 meta: None,
-                message: format!(
-                    "{}.{} needs an approval. Ask an approver to approve {id} (web admin, Approvals), then accept.",
-                    tool.server_id(),
-                    tool.tool_name()
-                ),
+                message: approval_question(tool, id),
                 requested_schema: schema,
             });
         let wait = std::time::Duration::from_millis(tool.server.spec.budgets.tool_timeout_ms);
@@ -513,6 +748,15 @@ impl GatewayServer {
             Ok(Ok(answer)) if answer.action == ElicitationAction::Accept
         )
     }
+}
+
+/// What the person at the client is asked while a call waits for approval.
+fn approval_question(tool: &CatalogTool, id: &str) -> String {
+    format!(
+        "{}.{} needs an approval. Ask an approver to approve {id} (web admin, Approvals), then accept.",
+        tool.server_id(),
+        tool.tool_name()
+    )
 }
 
 impl ServerHandler for GatewayServer {
@@ -524,12 +768,70 @@ impl ServerHandler for GatewayServer {
         })
     }
 
-    /// Up to 2025-11-25, the last revision with an `initialize` handshake:
-    /// the gateway's sessions (notifications, signed ids) are built on it.
+    /// Every revision rmcp knows: up to 2025-11-25 with an `initialize`
+    /// handshake and a session, 2026-07-28 without either (each request
+    /// stands alone; any worker serves it).
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
-        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(
-            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        let request = self.request_of(&context)?;
+        let info = self.info_for(&request).await?;
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            info,
         ))
+    }
+
+    /// `subscriptions/listen` (2026-07-28): list changes of everything the
+    /// endpoint serves this caller, and updates of the resources it names
+    /// that the record allows, as on a session (R-GW-5).
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = Some(true);
+        accepted.prompts_list_changed = Some(true);
+        accepted.resources_list_changed = Some(true);
+        accepted.resource_subscriptions = requested.resource_subscriptions.clone();
+        Some(accepted)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        let context = subscription.request_context();
+        let request = self.request_of(context)?;
+        let allowed: BTreeSet<String> = match &request.scope {
+            Scope::Server(id) => {
+                let server = self.server(&request, id)?;
+                let filter = Self::content_filter(&server)?;
+                subscription
+                    .accepted()
+                    .resource_subscriptions
+                    .iter()
+                    .flatten()
+                    .filter(|uri| filter.allows_resource(uri))
+                    .cloned()
+                    .collect()
+            }
+            Scope::Catalog { .. } => BTreeSet::new(),
+        };
+        let _registered = self.shared.sessions.register(LiveSession {
+            peer: context.peer.clone(),
+            listen: Some(subscription.sink().clone()),
+            caller: crate::gateway::sessions::caller_of(context),
+            task: request.task.clone(),
+            scope: request.scope.clone(),
+            subscriptions: std::sync::Mutex::new(allowed),
+            log_level: Default::default(),
+            relay_slots: Arc::new(tokio::sync::Semaphore::new(RELAY_SLOTS)),
+        });
+        subscription.cancelled().await;
+        Ok(())
     }
 
     async fn initialize(
@@ -539,33 +841,13 @@ impl ServerHandler for GatewayServer {
     ) -> Result<InitializeResult, ErrorData> {
         let request = self.request_of(&context)?;
         context.peer.set_peer_info(params.clone());
-        let info = match &request.scope {
-            Scope::Server(id) => {
-                let server = self.server(&request, id)?;
-                let upstream = self
-                    .shared
-                    .runner
-                    .pool()
-                    .server_info(&server)
-                    .await
-                    .map_err(|err| forward_error(err.into()))?;
-                let mut info = InitializeResult::new(Self::capabilities(
-                    &request.scope,
-                    Some(&upstream.capabilities),
-                ));
-                if let Some(implementation) = &upstream.server_info {
-                    info = info.with_server_info(implementation.clone());
-                }
-                info.instructions = upstream.instructions.clone();
-                info
-            }
-            Scope::Catalog { .. } => self.get_info(),
-        };
+        let info = self.info_for(&request).await?;
         let _ = self.info.set(info);
         let _ = self
             .registered
             .set(self.shared.sessions.register(LiveSession {
                 peer: context.peer.clone(),
+                listen: None,
                 caller: crate::gateway::sessions::caller_of(&context),
                 task: request.task.clone(),
                 scope: request.scope.clone(),
@@ -626,24 +908,40 @@ impl ServerHandler for GatewayServer {
             .and_then(|id| id.as_str().map(str::to_owned));
         let meta = Some(meta);
         let arguments = params.arguments.map(serde_json::Value::Object);
+        let carried = Carried {
+            responses: params.input_responses,
+            state: params.request_state,
+        };
+        let key = self.round_key(
+            &request,
+            "tools/call",
+            &params.name,
+            arguments.clone().unwrap_or(serde_json::Value::Null),
+        );
+        let mut round = self.round(&context, key, carried)?;
         let approved = tool.needs_approval();
-        if approved
-            && let Err(refusal) = self
-                .approve(&context, &request, &tool, arguments.clone(), approval_id)
+        if approved {
+            match self
+                .approve(
+                    &context,
+                    &request,
+                    &tool,
+                    arguments.clone(),
+                    approval_id,
+                    round.as_mut(),
+                )
                 .await
-        {
-            return Ok(tool_error(&refusal).into());
+            {
+                Ok(Approval::Granted) => {}
+                Ok(Approval::Ask(asked)) => return Ok(CallToolResponse::InputRequired(asked)),
+                Err(refusal) => return Ok(tool_error(&refusal).completed().into()),
+            }
         }
-        let downstream = self.registered.get().map(|registered| {
-            Arc::new(DownstreamPeer::new(
-                registered.session.clone(),
-                context.id.clone(),
-            ))
-        });
-        let attachment = downstream.clone().map(|peer| CallAttachment {
-            peer,
-            progress_token: context.meta.get_progress_token(),
-        });
+        let (downstream, attachment) = self
+            .attachment(&context, round.as_ref())
+            .map_or((None, None), |(peer, attachment)| {
+                (Some(peer), Some(attachment))
+            });
         let call = CallContext {
             request_id: request.request_id.clone(),
             session_id: request.session_id.clone(),
@@ -651,6 +949,7 @@ impl ServerHandler for GatewayServer {
                 meta,
                 attachment,
                 session: None,
+                input: None,
             },
             artifacts_owner: None,
             caller: Some(request.caller),
@@ -658,7 +957,7 @@ impl ServerHandler for GatewayServer {
         };
         let runner = &self.shared.runner;
         let run = async {
-            if approved {
+            Ok(if approved {
                 runner
                     .execute(&request.task, &call, &tool, arguments, started)
                     .await
@@ -666,16 +965,32 @@ impl ServerHandler for GatewayServer {
                 runner
                     .run(&request.task, &call, &tool, arguments, started)
                     .await
-            }
+            })
         };
         // A client's `notifications/cancelled` fires `ct`: dropping the call
         // cancels it on the server and frees its slot once the server is done.
         let done = tokio::select! {
-            done = run => done,
+            done = in_round(round.as_ref(), run) => done?,
             () = context.ct.cancelled() => {
                 return Err(ErrorData::internal_error("request cancelled by the client", None));
             }
         };
+        let done = match done {
+            Settled::Done(done) => done,
+            Settled::InputRequired(asked) => return Ok(CallToolResponse::InputRequired(asked)),
+        };
+        // A call that failed after its server was refused what the client
+        // did not declare failed for want of that capability.
+        let failed = done
+            .as_ref()
+            .map_or(true, |done| done.outcome.result.is_error == Some(true));
+        if failed
+            && let Some(missing) = round
+                .as_ref()
+                .and_then(|round| round.inputs.missing_capability())
+        {
+            return Err(missing);
+        }
         // What the server sent about the call reaches the client first.
         if let Some(peer) = &downstream {
             peer.flush().await;
@@ -684,6 +999,7 @@ impl ServerHandler for GatewayServer {
             Ok(done) => done.outcome.result,
             Err(err) => tool_error(&err),
         }
+        .completed()
         .into())
     }
 
@@ -745,11 +1061,24 @@ impl ServerHandler for GatewayServer {
                 None,
             ));
         }
-        self.forward(&request, &server, |peer| async move {
+        let carried = Carried {
+            responses: params.input_responses.take(),
+            state: params.request_state.take(),
+        };
+        let arguments = params
+            .arguments
+            .clone()
+            .map_or(serde_json::Value::Null, serde_json::Value::Object);
+        let key = self.round_key(&request, "prompts/get", &params.name, arguments);
+        let round = self.round(&context, key, carried)?;
+        let attachment = self.attachment(&context, round.as_ref()).map(|(_, a)| a);
+        let prompt = self.forward_attached(&request, &server, attachment, |peer| async move {
             peer.get_prompt(params).await
+        });
+        Ok(match in_round(round.as_ref(), prompt).await? {
+            Settled::Done(prompt) => prompt.completed().into(),
+            Settled::InputRequired(asked) => GetPromptResponse::InputRequired(asked),
         })
-        .await
-        .map(Into::into)
     }
 
     async fn list_resources(
@@ -792,7 +1121,8 @@ impl ServerHandler for GatewayServer {
         listed
             .resource_templates
             .retain(|template| filter.allows_resource(&template.uri_template));
-        Ok(listed)
+        (listed.ttl_ms, listed.cache_scope) = GATEWAY_CACHE_HINTS;
+        Ok(listed.completed())
     }
 
     async fn read_resource(
@@ -803,7 +1133,7 @@ impl ServerHandler for GatewayServer {
         let request = self.request_of(&context)?;
         if let Scope::Server(id) = &request.scope {
             let server = self.server(&request, id)?;
-            return self.read_from(&request, &server, params).await;
+            return self.read_from(&context, &request, &server, params).await;
         }
         // The catalog endpoint keeps resource URIs as the servers give them:
         // the first server that allows and has the resource answers.
@@ -814,7 +1144,10 @@ impl ServerHandler for GatewayServer {
             if !Self::content_filter(&server)?.allows_resource(&params.uri) {
                 continue;
             }
-            match self.read_from(&request, &server, params.clone()).await {
+            match self
+                .read_from(&context, &request, &server, params.clone())
+                .await
+            {
                 Ok(read) => return Ok(read),
                 Err(err)
                     if err.code == RpcCode::RESOURCE_NOT_FOUND
@@ -942,7 +1275,7 @@ impl ServerHandler for GatewayServer {
                 *total = total.saturating_sub(u32::try_from(removed).unwrap_or(u32::MAX));
             }
         }
-        Ok(completed)
+        Ok(completed.completed())
     }
 
     /// Sets the level of the server's log messages relayed to this session.

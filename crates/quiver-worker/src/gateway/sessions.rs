@@ -24,7 +24,7 @@ use quiver_model::policy::server_selected;
 use quiver_sync::SnapshotHandle;
 use rmcp::RoleServer;
 use rmcp::model::{LoggingLevel, ResourceUpdatedNotificationParam};
-use rmcp::service::Peer;
+use rmcp::service::{Peer, SubscriptionSink};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
@@ -47,10 +47,13 @@ pub fn caller_of(context: &rmcp::service::RequestContext<RoleServer>) -> String 
         .unwrap_or_default()
 }
 
-/// One open session.
+/// One open session, or one `subscriptions/listen` stream of a 2026-07-28
+/// client (told about changes the same way, on its stream).
 pub struct LiveSession {
     /// The client.
     pub peer: Peer<RoleServer>,
+    /// The listen stream the changes go to, when this is one.
+    pub listen: Option<SubscriptionSink>,
     /// Who opened it ([`SessionCaller`]).
     pub caller: String,
     /// The caller's task when the session was opened.
@@ -244,16 +247,43 @@ struct Changed {
 
 async fn notify(session: &LiveSession, changed: Changed) {
     // A failed send means the client is gone; its session ends on its own.
-    if changed.tools {
-        let _ = session.peer.notify_tool_list_changed().await;
-    }
-    if changed.resources {
-        let _ = session.peer.notify_resource_list_changed().await;
-    }
-    if changed.prompts {
-        let _ = session.peer.notify_prompt_list_changed().await;
+    match &session.listen {
+        Some(stream) => {
+            if changed.tools {
+                let _ = stream.notify_tool_list_changed().await;
+            }
+            if changed.resources {
+                let _ = stream.notify_resource_list_changed().await;
+            }
+            if changed.prompts {
+                let _ = stream.notify_prompt_list_changed().await;
+            }
+        }
+        None => {
+            if changed.tools {
+                let _ = session.peer.notify_tool_list_changed().await;
+            }
+            if changed.resources {
+                let _ = session.peer.notify_resource_list_changed().await;
+            }
+            if changed.prompts {
+                let _ = session.peer.notify_prompt_list_changed().await;
+            }
+        }
     }
     metrics::counter!("mcp_gateway_notifications_total").increment(1);
+}
+
+/// Tells `session` that resource `uri` changed.
+async fn notify_updated(session: &LiveSession, uri: &str) {
+    let _ = match &session.listen {
+        Some(stream) => stream.notify_resource_updated(uri).await.map_err(drop),
+        None => session
+            .peer
+            .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+            .await
+            .map_err(drop),
+    };
 }
 
 /// Tells sessions about changes until `shutdown`.
@@ -310,7 +340,7 @@ pub async fn follow_changes(
                                 ServerEventKind::PromptsChanged => notify(session, Changed { prompts: true, ..Default::default() }).await,
                                 ServerEventKind::ResourceUpdated(uri) => {
                                     if session.scope == Scope::Server(server_id.clone()) && session.subscribed(uri) {
-                                        let _ = session.peer.notify_resource_updated(ResourceUpdatedNotificationParam::new(uri.clone())).await;
+                                        notify_updated(session, uri).await;
                                     }
                                 }
                             }

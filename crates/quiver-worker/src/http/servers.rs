@@ -36,6 +36,10 @@ pub async fn list(Caller(task): Caller, State(state): State<ApiState>) -> Respon
                 "reconnects": health.map_or(0, |h| h.reconnects),
                 "tool_count": health.and_then(|h| h.tool_count),
                 "pid": health.and_then(|h| h.pid),
+                // The protocol the live connection settled on (`null`
+                // without one), as the record's `protocol` allowed.
+                "protocol": server.spec.protocol.as_str(),
+                "protocol_version": health.and_then(|h| h.protocol_version.as_deref()),
                 "sessions": health.map_or(0, |h| h.sessions),
                 "oauth": oauth,
                 "stderr_tail": health.map_or_else(Vec::new, |h| {
