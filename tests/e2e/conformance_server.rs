@@ -144,7 +144,7 @@ async fn the_gateway_passes_every_server_scenario_the_server_passes() {
 
     // (b) The same server behind a worker, which speaks 2025-11-25 to it.
     let (_dir, _registry, worker, gateway_url) =
-        scenarios_behind_a_worker(&["--stdio", "--legacy"]).await;
+        scenarios_behind_a_worker(&["--stdio", "--legacy"], "auto").await;
     let (gateway, gateway_text) = run_suite(&gateway_url).await;
 
     eprintln!("{}", table(&direct, &gateway));
@@ -173,17 +173,20 @@ async fn the_gateway_passes_every_server_scenario_the_server_passes() {
 }
 
 /// A worker (loopback, no caller token) with the scenario server as the
-/// stdio record `s`; `args` are the server's own. (The id is one letter:
+/// stdio record `s`, spoken to in the era of `protocol` (the record's
+/// field); `args` are the server's own. (The id is one letter:
 /// the suite's longest tool names only just fit an injected name,
 /// docs/reference.md R-NAME-1.)
 async fn scenarios_behind_a_worker(
     args: &[&str],
+    protocol: &str,
 ) -> (tempfile::TempDir, RegistryProcess, WorkerProcess, String) {
     let (dir, db_url) = sqlite();
     let registry = registry(&db_url, None).await;
     let revision = Admin::new(&registry, ADMIN)
         .upsert(json!({
             "server_id": "s",
+            "protocol": protocol,
             "transport": "stdio",
             "stdio": {"command": scenarios_bin(), "args": args},
             "allowed_tools": ["*"],
@@ -218,23 +221,38 @@ const OUT_OF_REACH: &[(&str, &str)] = &[(
     "its tool `test_input_required_result_multiple_inputs` (42 characters) would have an injected name of 65 characters, over the 64 of R-NAME-1, so no endpoint offers it",
 )];
 
+/// Runs requirement set `set` (`scored` scenarios) through `url` of
+/// `worker`: every scored scenario passes but those [`OUT_OF_REACH`].
+async fn requirement_set_passes(worker: &WorkerProcess, url: &str, set: &str, scored: usize) {
+    let (node, cli) = suite_next();
+    let (results, text) = run_cli(&node, &cli, url, &["--requirements", set]).await;
+    eprintln!("--requirements {set}:\n{text}");
+    assert_eq!(results.len(), scored, "{set}: {results:?}\n{text}");
+    let failing: Vec<&String> = failing(&results)
+        .into_iter()
+        .filter(|name| !OUT_OF_REACH.iter().any(|(out, _)| out == name))
+        .collect();
+    assert!(
+        failing.is_empty(),
+        "{set}: failing {failing:?}\n{text}\nworker log:\n{}",
+        worker.log_tail()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_passes_the_2026_07_28_requirement_set_in_front_of_a_2025_11_25_server() {
-    let (_dir, _registry, worker, url) = scenarios_behind_a_worker(&["--stdio", "--legacy"]).await;
-    let (node, cli) = suite_next();
+    let (_dir, _registry, worker, url) =
+        scenarios_behind_a_worker(&["--stdio", "--legacy"], "auto").await;
     // The sets' scored scenarios: 37 of 2026-07-28, 30 of 2025-11-25.
-    for (set, scored) in [("2026-07-28", 37), ("2025-11-25", 30)] {
-        let (results, text) = run_cli(&node, &cli, &url, &["--requirements", set]).await;
-        eprintln!("--requirements {set}:\n{text}");
-        assert_eq!(results.len(), scored, "{set}: {results:?}\n{text}");
-        let failing: Vec<&String> = failing(&results)
-            .into_iter()
-            .filter(|name| !OUT_OF_REACH.iter().any(|(out, _)| out == name))
-            .collect();
-        assert!(
-            failing.is_empty(),
-            "{set}: failing {failing:?}\n{text}\nworker log:\n{}",
-            worker.log_tail()
-        );
-    }
+    requirement_set_passes(&worker, &url, "2026-07-28", 37).await;
+    requirement_set_passes(&worker, &url, "2025-11-25", 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_passes_the_2026_07_28_requirement_set_in_front_of_a_2026_07_28_server() {
+    // The server of both eras, spoken to in 2026-07-28: it asks by
+    // `input_required` itself, which the gateway passes on.
+    let (_dir, _registry, worker, url) =
+        scenarios_behind_a_worker(&["--stdio"], "2026-07-28").await;
+    requirement_set_passes(&worker, &url, "2026-07-28", 37).await;
 }

@@ -1127,14 +1127,22 @@ impl McpServerProcess {
     /// or `sse`) on an ephemeral loopback port and reads its URL from the
     /// `{"listening": …}` line it prints.
     pub async fn start(transport: &str) -> McpServerProcess {
-        let mut child = Command::new(testkit_mcp_bin())
-            .args(["--transport", transport, "--listen", "127.0.0.1:0"])
+        let mut command = Command::new(testkit_mcp_bin());
+        command.args(["--transport", transport, "--listen", "127.0.0.1:0"]);
+        McpServerProcess::announced(command).await
+    }
+
+    /// Starts `command`, an MCP server that prints `{"listening": URL}`
+    /// once it listens, and reads its URL.
+    pub async fn announced(mut command: Command) -> McpServerProcess {
+        let what = format!("{command:?}");
+        let mut child = command
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("spawn quiver-testkit-mcp");
+            .unwrap_or_else(|err| panic!("spawn {what}: {err}"));
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
@@ -1151,14 +1159,9 @@ impl McpServerProcess {
             .await
             .ok()
             .and_then(Result::ok)
-            .unwrap_or_else(|| {
-                panic!(
-                    "quiver-testkit-mcp --transport {transport}: no listening line within {STARTUP_TIMEOUT:?}"
-                )
-            });
-        let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|err| {
-            panic!("quiver-testkit-mcp --transport {transport}: bad listening line {line:?}: {err}")
-        });
+            .unwrap_or_else(|| panic!("{what}: no listening line within {STARTUP_TIMEOUT:?}"));
+        let value: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|err| panic!("{what}: bad listening line {line:?}: {err}"));
         server.url = value["listening"]
             .as_str()
             .unwrap_or_else(|| panic!("no url in {line:?}"))

@@ -40,5 +40,6 @@ mod security;
 mod sessions;
 mod tls;
 mod tool_search;
+mod upstream_2026;
 mod web_admin;
 mod worker;

@@ -36,6 +36,11 @@ pub enum McpError {
     /// requests and its `requestState` (see [`crate::UpstreamInput`]).
     #[error("{}", input_required_message(.0))]
     InputRequired(Box<rmcp::model::InputRequiredResult>),
+    /// A 2026-07-28 server refused the call for a capability its caller
+    /// did not declare (JSON-RPC -32021, `data.requiredCapabilities`): the
+    /// caller cannot give the input the server needs.
+    #[error("the server needs the caller to declare a capability it lacks: {}", .0.message)]
+    CapabilityRequired(Box<rmcp::ErrorData>),
 }
 
 /// Names what the server asks for, by key and kind.
@@ -80,7 +85,9 @@ impl McpError {
             McpError::EgressDenied(_) => ErrorCode::McpPolicyDenied,
             McpError::OutputTooLarge(_) => ErrorCode::McpOutputTooLarge,
             McpError::SessionRequired(_) => ErrorCode::InvalidRequest,
-            McpError::InputRequired(_) => ErrorCode::McpInputRequired,
+            McpError::InputRequired(_) | McpError::CapabilityRequired(_) => {
+                ErrorCode::McpInputRequired
+            }
         }
     }
 

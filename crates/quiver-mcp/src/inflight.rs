@@ -50,12 +50,15 @@ pub struct InFlightCall<S: Send + 'static> {
 
 impl<S: Send + 'static> InFlightCall<S> {
     /// Sends `tools/call` on `connection`, holding `slot` (the call's
-    /// permits) until the server is done with it.
+    /// permits) until the server is done with it; `meta` wins over the
+    /// `_meta` rmcp stamps on a 2026-07-28 request (the caller's own
+    /// capabilities, for one).
     pub async fn send(
         connection: Arc<Connection>,
         params: CallToolRequestParams,
         slot: S,
         cancel_grace: Duration,
+        meta: Option<rmcp::model::RequestMetaObject>,
     ) -> Result<Self, ServiceError> {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // No rmcp timeout: it would forget the request when it cancels it,
@@ -67,7 +70,13 @@ impl<S: Send + 'static> InFlightCall<S> {
             ..
         } = connection
             .peer()
-            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .send_cancellable_request(
+                request,
+                match meta {
+                    Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
+                    None => PeerRequestOptions::no_options(),
+                },
+            )
             .await?;
         Ok(InFlightCall {
             connection,

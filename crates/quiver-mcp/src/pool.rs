@@ -210,6 +210,11 @@ pub struct CallOptions {
     /// What the caller answers to the server's `input_required` (a call
     /// repeated after [`McpError::InputRequired`]).
     pub input: Option<UpstreamInput>,
+    /// What the caller can be asked (elicitation, sampling, roots): told to
+    /// a server spoken to in 2026-07-28 in the request's `_meta` instead of
+    /// the worker's own capabilities, so it asks only what the caller can
+    /// answer. `None`: the worker's.
+    pub client_capabilities: Option<rmcp::model::ClientCapabilities>,
 }
 
 /// A repeated call's answers to a 2026-07-28 server's `input_required`:
@@ -904,7 +909,29 @@ impl McpPool {
                 let remaining = timeout.saturating_sub(started.elapsed());
                 let grace = self.inner.options.cancel_grace;
                 let answer = tokio::time::timeout(remaining, async {
-                    match InFlightCall::send(connection.clone(), params, permits, grace).await {
+                    // Only a 2026-07-28 request carries capabilities; a
+                    // session's were the worker's, declared at `initialize`.
+                    let caller_meta = options
+                        .client_capabilities
+                        .clone()
+                        .filter(|_| {
+                            connection.protocol_version().as_str()
+                                >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str()
+                        })
+                        .map(|capabilities| {
+                            let mut meta = RequestMetaObject::new();
+                            meta.set_client_capabilities(capabilities);
+                            meta
+                        });
+                    match InFlightCall::send(
+                        connection.clone(),
+                        params,
+                        permits,
+                        grace,
+                        caller_meta,
+                    )
+                    .await
+                    {
                         Ok(call) => {
                             relayed.bind_progress(call.progress_token.clone());
                             call.answer(remaining).await
@@ -1213,6 +1240,11 @@ fn map_service_error(err: ServiceError, timeout_ms: u64) -> McpError {
     match err {
         ServiceError::McpError(error) if error.code == rmcp::model::ErrorCode::INVALID_PARAMS => {
             McpError::InvalidArguments(error.message.to_string())
+        }
+        ServiceError::McpError(error)
+            if error.code == rmcp::model::ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY =>
+        {
+            McpError::CapabilityRequired(Box::new(error))
         }
         ServiceError::McpError(error) => {
             McpError::Protocol(format!("server error {}: {}", error.code.0, error.message))

@@ -129,7 +129,18 @@ struct InFlight {
 pub struct Relay {
     calls: Mutex<Vec<InFlight>>,
     next_id: AtomicU64,
+    /// Progress that came before its call's token was bound: rmcp picks a
+    /// request's token as it sends it, and a quick server reports progress
+    /// before the sender learns the token. Kept briefly (at most
+    /// [`EARLY_PROGRESS`] of them, [`EARLY_PROGRESS_TTL`] long).
+    early: Mutex<std::collections::VecDeque<(Instant, ProgressNotificationParam)>>,
 }
+
+/// Progress notifications kept per server until their call is bound.
+const EARLY_PROGRESS: usize = 64;
+
+/// How long progress waits for its call to be bound.
+const EARLY_PROGRESS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A call registered with a [`Relay`]; unregisters it when dropped.
 pub struct RelayGuard {
@@ -141,7 +152,19 @@ impl RelayGuard {
     /// Binds the progress token the call was sent upstream with.
     pub fn bind_progress(&self, upstream: ProgressToken) {
         if let Some(call) = self.relay.lock().iter_mut().find(|call| call.id == self.id) {
-            call.upstream_token = Some(upstream);
+            call.upstream_token = Some(upstream.clone());
+        }
+        // What the server reported before the token was known, in order.
+        let early: Vec<ProgressNotificationParam> = {
+            let mut early = self.relay.early();
+            let (mine, others) = early
+                .drain(..)
+                .partition::<Vec<_>, _>(|(_, params)| params.progress_token == upstream);
+            early.extend(others);
+            mine.into_iter().map(|(_, params)| params).collect()
+        };
+        for params in early {
+            self.relay.progress(params);
         }
     }
 }
@@ -225,9 +248,36 @@ impl Relay {
             })
     }
 
+    fn early(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Instant, ProgressNotificationParam)>>
+    {
+        self.early.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Relays a progress notification to the call whose token it carries;
-    /// returns whether one did.
-    pub fn progress(&self, mut params: ProgressNotificationParam) -> bool {
+    /// returns whether one did. Progress of a call in flight whose token is
+    /// not bound yet is kept for it ([`RelayGuard::bind_progress`]).
+    pub fn progress(&self, params: ProgressNotificationParam) -> bool {
+        if self.relay_progress(params.clone()) {
+            return true;
+        }
+        let unbound = self
+            .lock()
+            .iter()
+            .any(|call| call.attachment.is_some() && call.upstream_token.is_none());
+        if unbound {
+            let mut early = self.early();
+            let now = Instant::now();
+            early.retain(|(at, _)| now.duration_since(*at) < EARLY_PROGRESS_TTL);
+            if early.len() < EARLY_PROGRESS {
+                early.push_back((now, params));
+            }
+        }
+        false
+    }
+
+    fn relay_progress(&self, mut params: ProgressNotificationParam) -> bool {
         let target = self.lock().iter().find_map(|call| {
             let attachment = call.attachment.as_ref()?;
             (call.upstream_token.as_ref() == Some(&params.progress_token))
@@ -351,6 +401,38 @@ mod tests {
 
     fn log() -> LoggingMessageNotificationParam {
         LoggingMessageNotificationParam::new(LoggingLevel::Info, serde_json::json!("x"))
+    }
+
+    #[tokio::test]
+    async fn progress_sent_before_its_token_is_bound_reaches_the_call_in_order() {
+        let relay = Arc::new(Relay::default());
+        let a = Arc::new(Recorder {
+            name: "a",
+            ..Default::default()
+        });
+        let call = relay.register(attached(&a, Some("client-a")), far());
+        // A quick server: progress before the sender learned the token.
+        for step in [1.0, 2.0] {
+            assert!(!relay.progress(ProgressNotificationParam::new(token("up-1"), step)));
+        }
+        assert!(!relay.progress(ProgressNotificationParam::new(token("up-other"), 1.0)));
+        call.bind_progress(token("up-1"));
+        assert!(relay.progress(ProgressNotificationParam::new(token("up-1"), 3.0)));
+        let got: Vec<f64> = a
+            .progress
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|p| p.progress)
+            .collect();
+        assert_eq!(got, [1.0, 2.0, 3.0]);
+        assert!(
+            a.progress
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|p| p.progress_token == token("client-a"))
+        );
     }
 
     #[tokio::test]

@@ -148,6 +148,11 @@ impl Inputs {
         }
     }
 
+    /// What the client declared it can be asked.
+    pub fn capabilities(&self) -> &ClientCapabilities {
+        &self.capabilities
+    }
+
     /// Whether the client declared it can be asked by elicitation.
     pub fn can_elicit(&self) -> bool {
         Asked::Elicitation.declared(&self.capabilities)

@@ -81,6 +81,13 @@ pub struct RoundState {
     /// the call again with the client's answers, under the same approval).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub approval_used: bool,
+    /// Whether the server itself (of 2026-07-28) answered the last round
+    /// `input_required`: the client's answers then go to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_asked: bool,
+    /// That server's own `requestState`, echoed to it unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_state: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -222,6 +229,8 @@ mod tests {
             answers: BTreeMap::from([("user_name".to_owned(), json!({"action": "accept"}))]),
             approval_id: Some("ap_1".to_owned()),
             approval_used: false,
+            upstream_asked: true,
+            upstream_state: Some("the server's own".to_owned()),
         }
     }
 

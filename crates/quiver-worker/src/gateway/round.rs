@@ -7,7 +7,11 @@
 //! collects what the server asks while it answers ([`Inputs`]) and, when
 //! the client must answer first, ends in the `input_required` result with
 //! the state of the next round. Approvals (§13.7) ask the same way: the
-//! approval's id travels in the state until an approver decided.
+//! approval's id travels in the state until an approver decided. A server
+//! of 2026-07-28 asks by `input_required` itself: its requests are passed on
+//! as they are and its own state travels inside the gateway's
+//! ([`Round::pass_on`]), the client's answers back to it
+//! ([`Round::upstream_input`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +20,8 @@ use rmcp::model::{
     ClientCapabilities, ElicitRequest, ElicitRequestParams, ElicitationSchema, ErrorData,
     InputRequest, InputRequests, InputRequiredResult, InputResponses,
 };
+
+use quiver_mcp::UpstreamInput;
 
 use crate::gateway::inputs::{Inputs, RoundEnd};
 use crate::gateway::request_state::{RequestBinding, RequestStates, RoundState};
@@ -68,6 +74,10 @@ pub struct Round {
     key: RoundKey,
     states: RequestStates,
     approval: ApprovalStep,
+    /// This round's `inputResponses`, for a server that asked itself.
+    responses: InputResponses,
+    /// Whether the server asked itself last round, and its state.
+    upstream: Option<Option<String>>,
 }
 
 /// The request's `inputResponses` and `requestState`, as the client sent them.
@@ -99,13 +109,16 @@ impl Round {
             (None, _) => ApprovalStep::NotAsked,
         };
         // This round's answers win over the same key's earlier ones.
+        let responses = carried.responses.unwrap_or_default();
         let mut offered: BTreeMap<String, serde_json::Value> = prior.answers;
-        offered.extend(carried.responses.unwrap_or_default());
+        offered.extend(responses.clone());
         Ok(Round {
             inputs: Arc::new(Inputs::new(offered, capabilities)),
             key,
             states: states.clone(),
             approval,
+            responses,
+            upstream: prior.upstream_asked.then_some(prior.upstream_state),
         })
     }
 
@@ -133,7 +146,41 @@ impl Round {
         self.approval = ApprovalStep::Used(id);
     }
 
+    /// What goes back to a server that asked itself last round: the
+    /// client's answers (the approval's excepted) and the server's state.
+    pub fn upstream_input(&self) -> Option<UpstreamInput> {
+        let request_state = self.upstream.clone()?;
+        let mut responses = self.responses.clone();
+        responses.remove(APPROVAL_INPUT);
+        Some(UpstreamInput {
+            responses,
+            request_state,
+        })
+    }
+
+    /// What the client can be asked, as it declared.
+    pub fn capabilities(&self) -> ClientCapabilities {
+        self.inputs.capabilities().clone()
+    }
+
+    /// The server's own `input_required`, passed on: its requests as they
+    /// are, its state inside the gateway's.
+    pub fn pass_on(&self, asked: InputRequiredResult) -> InputRequiredResult {
+        let state = self.seal(self.inputs.used(), Some(asked.request_state));
+        InputRequiredResult::new(asked.input_requests, Some(state))
+    }
+
     fn state(&self, answers: BTreeMap<String, serde_json::Value>) -> String {
+        self.seal(answers, None)
+    }
+
+    /// The state of the next round: `upstream` is the server's own
+    /// `input_required` state when it asked itself.
+    fn seal(
+        &self,
+        answers: BTreeMap<String, serde_json::Value>,
+        upstream: Option<Option<String>>,
+    ) -> String {
         let (approval_id, approval_used) = match &self.approval {
             ApprovalStep::NotAsked => (None, false),
             ApprovalStep::Waiting(id) => (Some(id.clone()), false),
@@ -145,6 +192,8 @@ impl Round {
                 answers,
                 approval_id,
                 approval_used,
+                upstream_asked: upstream.is_some(),
+                upstream_state: upstream.flatten(),
             },
         )
     }

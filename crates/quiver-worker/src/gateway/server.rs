@@ -19,7 +19,8 @@ use std::time::Instant;
 
 use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::relay::CallAttachment;
-use quiver_mcp::{CallOptions, ForwardError};
+use quiver_mcp::relay::CallPeer;
+use quiver_mcp::{CallOptions, ForwardError, McpError, UpstreamInput};
 use quiver_model::StoredServer;
 use quiver_model::approval::UseOutcome;
 use quiver_model::naming::{injected_name, parse_injected_name};
@@ -32,12 +33,13 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
     ContentBlock, DiscoverResult, ElicitRequestParams, ElicitationAction, ElicitationSchema,
     ErrorCode as RpcCode, ErrorData, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
-    Implementation, InitializeRequestParams, InitializeResult, InputRequiredResult,
-    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, PromptsCapability, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Reference, ResourcesCapability, ResultType,
-    ServerCapabilities, ServerConfig, SetLevelRequestParams, SubscribeRequestParams,
-    SubscriptionFilter, Tool, ToolsCapability, UnsubscribeRequestParams,
+    Implementation, InitializeRequestParams, InitializeResult, InputRequest, InputRequiredResult,
+    InputResponses, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, PromptsCapability, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference,
+    ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, ServerResult,
+    SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool, ToolsCapability,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext, ServiceError, SubscriptionContext};
 use rmcp::{RoleClient, RoleServer, ServerHandler};
@@ -488,12 +490,21 @@ impl GatewayServer {
             serde_json::Value::Null,
         );
         let round = self.round(context, key, carried)?;
+        (params.input_responses, params.request_state) = upstream_params(round.as_ref());
         let attachment = self.attachment(context, round.as_ref()).map(|(_, a)| a);
         let read = self.forward_attached(request, server, attachment, |peer| async move {
-            peer.read_resource(params).await
+            peer.read_resource_once(params)
+                .await
+                .map(ServerResult::from)
         });
         let mut read = match in_round(round.as_ref(), read).await? {
-            Settled::Done(read) => read,
+            Settled::Done(ServerResult::ReadResourceResult(read)) => read,
+            Settled::Done(other) => {
+                return Ok(ReadResourceResponse::InputRequired(passed_on(
+                    round.as_ref(),
+                    other,
+                )?));
+            }
             Settled::InputRequired(asked) => return Ok(ReadResourceResponse::InputRequired(asked)),
         };
         (read.ttl_ms, read.cache_scope) = GATEWAY_CACHE_HINTS;
@@ -557,6 +568,75 @@ impl GatewayServer {
     }
 }
 
+/// The `inputResponses` and `requestState` a request carries to a server
+/// that asked itself last round.
+fn upstream_params(round: Option<&Round>) -> (Option<InputResponses>, Option<String>) {
+    match round.and_then(Round::upstream_input) {
+        Some(input) => (
+            (!input.responses.is_empty()).then_some(input.responses),
+            input.request_state,
+        ),
+        None => (None, None),
+    }
+}
+
+/// A server's answer to `prompts/get` or `resources/read` other than its
+/// result: its own `input_required` (2026-07-28), passed on to a client
+/// without a session; a session's client is asked only during calls.
+fn passed_on(
+    round: Option<&Round>,
+    answer: ServerResult,
+) -> Result<InputRequiredResult, ErrorData> {
+    match (round, answer) {
+        (Some(round), ServerResult::InputRequiredResult(asked)) => Ok(round.pass_on(asked)),
+        (None, ServerResult::InputRequiredResult(_)) => Err(ErrorData::invalid_request(
+            "the server asks for input before it answers (MCP 2026-07-28 input_required); use MCP 2026-07-28 to answer it",
+            None,
+        )),
+        _ => Err(ErrorData::internal_error(
+            "the server answered with another result",
+            None,
+        )),
+    }
+}
+
+/// Rounds a session's client is asked for a server of 2026-07-28 that asks
+/// by `input_required`, before the call gives up (each within the call's
+/// `tool_timeout_ms` all the same).
+const MAX_ASKED_ROUNDS: usize = 8;
+
+/// Asks a session's client what a server of 2026-07-28 asked by
+/// `input_required`, one request at a time; the answers to send back, or
+/// `None` when the client did not answer one.
+async fn answer_on_session(
+    peer: &DownstreamPeer,
+    asked: &InputRequiredResult,
+) -> Option<UpstreamInput> {
+    let mut responses = InputResponses::new();
+    for (key, request) in asked.input_requests.iter().flatten() {
+        let answer = match request {
+            InputRequest::Elicitation(request) => peer
+                .create_elicitation(request.params.clone())
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            InputRequest::CreateMessage(request) => peer
+                .create_message(request.params.clone())
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            InputRequest::ListRoots(_) => peer
+                .list_roots(None)
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            _ => return None,
+        };
+        responses.insert(key.clone(), answer.ok().flatten()?);
+    }
+    Some(UpstreamInput {
+        responses,
+        request_state: asked.request_state.clone(),
+    })
+}
+
 /// How a request of a round settled.
 enum Settled<T> {
     /// The server answered.
@@ -574,14 +654,26 @@ async fn in_round<T>(
     let Some(round) = round else {
         return answer.await.map(Settled::Done);
     };
+    tokio::pin!(answer);
     tokio::select! {
-        answer = answer => match answer {
+        answer = &mut answer => match answer {
             Ok(answer) => Ok(Settled::Done(answer)),
             Err(error) => Err(round.inputs.missing_capability().unwrap_or(error)),
         },
-        asked = round.ended() => asked.map(Settled::InputRequired),
+        asked = round.ended() => {
+            // The server's waiting requests are refused now: it gets a
+            // moment to end the request by itself rather than be cancelled
+            // (a server that honours a cancellation never answers, and an
+            // unanswered call holds its slot until `cancel_grace` recycles
+            // the connection).
+            let _ = tokio::time::timeout(ROUND_SETTLE, &mut answer).await;
+            asked.map(Settled::InputRequired)
+        }
     }
 }
+
+/// How long a request whose round ended waits for its server to end it.
+const ROUND_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl GatewayServer {
     /// What the endpoint says of itself (`initialize`, `server/discover`):
@@ -942,43 +1034,85 @@ impl ServerHandler for GatewayServer {
             .map_or((None, None), |(peer, attachment)| {
                 (Some(peer), Some(attachment))
             });
-        let call = CallContext {
+        // A server of 2026-07-28 is told what this client can be asked.
+        let client_capabilities = match &round {
+            Some(round) => Some(round.capabilities()),
+            None => context
+                .peer
+                .peer_info()
+                .map(|info| info.capabilities.clone()),
+        };
+        let mut call = CallContext {
             request_id: request.request_id.clone(),
             session_id: request.session_id.clone(),
             relay: CallOptions {
                 meta,
                 attachment,
                 session: None,
-                input: None,
+                input: round.as_ref().and_then(Round::upstream_input),
+                client_capabilities,
             },
             artifacts_owner: None,
-            caller: Some(request.caller),
+            caller: Some(request.caller.clone()),
             session_kind: SessionKind::Gateway,
         };
         let runner = &self.shared.runner;
-        let run = async {
-            Ok(if approved {
-                runner
-                    .execute(&request.task, &call, &tool, arguments, started)
-                    .await
-            } else {
-                runner
-                    .run(&request.task, &call, &tool, arguments, started)
-                    .await
-            })
-        };
-        // A client's `notifications/cancelled` fires `ct`: dropping the call
-        // cancels it on the server and frees its slot once the server is done.
-        let done = tokio::select! {
-            done = in_round(round.as_ref(), run) => done?,
-            () = context.ct.cancelled() => {
-                return Err(ErrorData::internal_error("request cancelled by the client", None));
+        let mut asked_rounds = 0;
+        let done = loop {
+            let run = async {
+                Ok(if approved {
+                    runner
+                        .execute(&request.task, &call, &tool, arguments.clone(), started)
+                        .await
+                } else {
+                    runner
+                        .run(&request.task, &call, &tool, arguments.clone(), started)
+                        .await
+                })
+            };
+            // A client's `notifications/cancelled` fires `ct`: dropping the
+            // call cancels it on the server and frees its slot once the
+            // server is done.
+            let done = tokio::select! {
+                done = in_round(round.as_ref(), run) => done?,
+                () = context.ct.cancelled() => {
+                    return Err(ErrorData::internal_error("request cancelled by the client", None));
+                }
+            };
+            let done = match done {
+                Settled::Done(done) => done,
+                Settled::InputRequired(asked) => {
+                    return Ok(CallToolResponse::InputRequired(asked));
+                }
+            };
+            // A server of 2026-07-28 asked itself: a client without a session
+            // gets its question as it is; a session's client is asked here
+            // and the call repeated with the answers.
+            let Err(CallError::Mcp(McpError::InputRequired(asked))) = &done else {
+                break done;
+            };
+            if let Some(round) = &round {
+                return Ok(CallToolResponse::InputRequired(
+                    round.pass_on(asked.as_ref().clone()),
+                ));
+            }
+            let Some(peer) = downstream
+                .as_ref()
+                .filter(|_| asked_rounds < MAX_ASKED_ROUNDS)
+            else {
+                break done;
+            };
+            asked_rounds += 1;
+            match answer_on_session(peer, asked).await {
+                Some(input) => call.relay.input = Some(input),
+                None => break done,
             }
         };
-        let done = match done {
-            Settled::Done(done) => done,
-            Settled::InputRequired(asked) => return Ok(CallToolResponse::InputRequired(asked)),
-        };
+        // A server of 2026-07-28 that refused the call for a capability the
+        // client lacks: the client hears it as the server said it.
+        if let Err(CallError::Mcp(McpError::CapabilityRequired(refusal))) = &done {
+            return Err(refusal.as_ref().clone());
+        }
         // A call that failed after its server was refused what the client
         // did not declare failed for want of that capability.
         let failed = done
@@ -1071,12 +1205,16 @@ impl ServerHandler for GatewayServer {
             .map_or(serde_json::Value::Null, serde_json::Value::Object);
         let key = self.round_key(&request, "prompts/get", &params.name, arguments);
         let round = self.round(&context, key, carried)?;
+        (params.input_responses, params.request_state) = upstream_params(round.as_ref());
         let attachment = self.attachment(&context, round.as_ref()).map(|(_, a)| a);
         let prompt = self.forward_attached(&request, &server, attachment, |peer| async move {
-            peer.get_prompt(params).await
+            peer.get_prompt_once(params).await.map(ServerResult::from)
         });
         Ok(match in_round(round.as_ref(), prompt).await? {
-            Settled::Done(prompt) => prompt.completed().into(),
+            Settled::Done(ServerResult::GetPromptResult(prompt)) => prompt.completed().into(),
+            Settled::Done(other) => {
+                GetPromptResponse::InputRequired(passed_on(round.as_ref(), other)?)
+            }
             Settled::InputRequired(asked) => GetPromptResponse::InputRequired(asked),
         })
     }
