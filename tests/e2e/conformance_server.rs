@@ -174,9 +174,7 @@ async fn the_gateway_passes_every_server_scenario_the_server_passes() {
 
 /// A worker (loopback, no caller token) with the scenario server as the
 /// stdio record `s`, spoken to in the era of `protocol` (the record's
-/// field); `args` are the server's own. (The id is one letter:
-/// the suite's longest tool names only just fit an injected name,
-/// docs/reference.md R-NAME-1.)
+/// field); `args` are the server's own.
 async fn scenarios_behind_a_worker(
     args: &[&str],
     protocol: &str,
@@ -215,23 +213,14 @@ fn failing(results: &Results) -> Vec<&String> {
         .collect()
 }
 
-/// Scored scenarios the gateway cannot pass, and why.
-const OUT_OF_REACH: &[(&str, &str)] = &[(
-    "input-required-result-multiple-input-requests",
-    "its tool `test_input_required_result_multiple_inputs` (42 characters) would have an injected name of 65 characters, over the 64 of R-NAME-1, so no endpoint offers it",
-)];
-
 /// Runs requirement set `set` (`scored` scenarios) through `url` of
-/// `worker`: every scored scenario passes but those [`OUT_OF_REACH`].
+/// `worker`: every scored scenario passes.
 async fn requirement_set_passes(worker: &WorkerProcess, url: &str, set: &str, scored: usize) {
     let (node, cli) = suite_next();
     let (results, text) = run_cli(&node, &cli, url, &["--requirements", set]).await;
     eprintln!("--requirements {set}:\n{text}");
     assert_eq!(results.len(), scored, "{set}: {results:?}\n{text}");
-    let failing: Vec<&String> = failing(&results)
-        .into_iter()
-        .filter(|name| !OUT_OF_REACH.iter().any(|(out, _)| out == name))
-        .collect();
+    let failing = failing(&results);
     assert!(
         failing.is_empty(),
         "{set}: failing {failing:?}\n{text}\nworker log:\n{}",

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quiver_mcp::{McpError, McpPool, Tool};
-use quiver_model::naming::{parse_compat_name, parse_injected_name};
+use quiver_model::naming::{parse_compat_name, parse_injected_name, transformed_tool_name};
 use quiver_model::policy::{
-    CompiledSessionFilter, CompiledTaskPolicy, Decision, ListedTool, ServerToolFilter,
-    evaluate_tools, server_selected,
+    CompiledSessionFilter, CompiledTaskPolicy, Decision, ListedTool, RejectReason,
+    ServerToolFilter, evaluate_tools, server_selected,
 };
 use quiver_model::{ApprovalMode, ApprovalPolicy, StoredServer};
 use quiver_sync::Snapshot;
@@ -112,6 +112,10 @@ async fn list_within(
 struct ServerTools {
     server_id: String,
     tools: Vec<CatalogTool>,
+    /// Tools every policy layer allows whose injected name would be longer
+    /// than models take (R-NAME-1): not offered to models, served under
+    /// their own names where a server is served as itself (`/mcp/{id}`).
+    long_named: Vec<CatalogTool>,
     by_injected: HashMap<String, usize>,
     /// `CatalogTool::function` of each tool, serialized once.
     functions: Vec<Box<RawValue>>,
@@ -127,6 +131,7 @@ impl ServerTools {
         let mut evaluated = ServerTools {
             server_id: server.spec.server_id.clone(),
             tools: Vec::new(),
+            long_named: Vec::new(),
             by_injected: HashMap::new(),
             functions: Vec::new(),
         };
@@ -148,15 +153,27 @@ impl ServerTools {
             }),
         );
         for decision in decisions {
-            let Decision::Allowed {
-                injected_name,
-                exposed_name,
-            } = decision.decision
-            else {
-                continue;
-            };
             let Some(tool) = by_name.get(decision.tool_name.as_str()) else {
                 continue;
+            };
+            let (injected_name, exposed_name) = match decision.decision {
+                Decision::Allowed {
+                    injected_name,
+                    exposed_name,
+                } => (injected_name, exposed_name),
+                // The name-length check comes after every policy layer.
+                Decision::Rejected(RejectReason::InjectedNameTooLong { .. }) => {
+                    let exposed =
+                        transformed_tool_name(&server.spec.transform, &decision.tool_name);
+                    evaluated.long_named.push(CatalogTool {
+                        injected_name: format!("mcp.{}.{exposed}", server.spec.server_id),
+                        server: server.clone(),
+                        tool: (*tool).clone(),
+                        exposed_name: exposed,
+                    });
+                    continue;
+                }
+                Decision::Rejected(_) => continue,
             };
             let tool = CatalogTool {
                 injected_name,
@@ -360,6 +377,15 @@ impl Catalog {
         self.servers.iter().flat_map(|server| server.tools.iter())
     }
 
+    /// Every tool the caller may use where servers are served as
+    /// themselves (`/mcp/{id}`, under their own names): the injected ones
+    /// and those whose injected name would be too long for models.
+    pub fn own_named(&self) -> impl Iterator<Item = &CatalogTool> {
+        self.servers
+            .iter()
+            .flat_map(|server| server.tools.iter().chain(server.long_named.iter()))
+    }
+
     /// How many tools are injected.
     pub fn len(&self) -> usize {
         self.servers.iter().map(|server| server.tools.len()).sum()
@@ -442,6 +468,25 @@ mod tests {
 
     fn names(evaluated: &ServerTools) -> Vec<&str> {
         evaluated.tools.iter().map(|t| t.tool_name()).collect()
+    }
+
+    #[test]
+    fn a_tool_whose_injected_name_is_too_long_is_served_only_as_itself() {
+        let task = Arc::new(CompiledTaskPolicy::unrestricted());
+        let long = "a_tool_name_long_enough_that_its_injected_name_exceeds_64";
+        let record = server(&["*"], 1);
+        let evaluated = ServerTools::evaluate(&record, &tools(&["short", long]), &task, None);
+        assert_eq!(names(&evaluated), ["short"], "offered to models");
+        assert_eq!(evaluated.long_named.len(), 1);
+        assert_eq!(evaluated.long_named[0].exposed_name, long);
+        assert_eq!(
+            evaluated.long_named[0].injected_name,
+            format!("mcp.cache-test.{long}")
+        );
+        // A tool the record does not allow is not served either way.
+        let denied = server(&["short"], 2);
+        let evaluated = ServerTools::evaluate(&denied, &tools(&["short", long]), &task, None);
+        assert!(evaluated.long_named.is_empty());
     }
 
     #[test]

@@ -957,12 +957,17 @@ impl ServerHandler for GatewayServer {
     ) -> Result<ListToolsResult, ErrorData> {
         let request = self.request_of(&context)?;
         let catalog = self.catalog(&request, None).await?;
-        Ok(ListToolsResult::with_all_items(
-            catalog
+        let listed = match &request.scope {
+            Scope::Server(_) => catalog
+                .own_named()
+                .map(|tool| Self::listed(&request.scope, tool))
+                .collect(),
+            Scope::Catalog { .. } => catalog
                 .tools()
                 .map(|tool| Self::listed(&request.scope, tool))
                 .collect(),
-        ))
+        };
+        Ok(ListToolsResult::with_all_items(listed))
     }
 
     async fn call_tool(
@@ -977,7 +982,7 @@ impl ServerHandler for GatewayServer {
         let catalog = self.catalog(&request, Some(&candidates)).await?;
         let tool = match &request.scope {
             Scope::Server(_) => catalog
-                .tools()
+                .own_named()
                 .find(|tool| tool.exposed_name == params.name),
             Scope::Catalog { .. } => catalog.resolve(&params.name),
         };
