@@ -40,7 +40,7 @@ use std::time::Duration;
 use quiver_model::{Protocol, Transport as TransportKind};
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, ErrorCode, ErrorData, NumberOrString, PingRequest,
-    ProtocolVersion, RequestId, ServerJsonRpcMessage,
+    ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::service::{ClientInitializeError, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -69,6 +69,9 @@ fn preferred_versions() -> Vec<ProtocolVersion> {
 pub struct Handshake {
     protocol: Protocol,
     transport: TransportKind,
+    /// Discovery first, `initialize` when the server turns out old: what a
+    /// one-off client (`quiver mcp probe`) does, which relays nothing.
+    discovery_first: bool,
 }
 
 impl Handshake {
@@ -77,12 +80,30 @@ impl Handshake {
         Handshake {
             protocol,
             transport,
+            discovery_first: false,
+        }
+    }
+
+    /// The newest revision the server offers: `server/discover`, falling
+    /// back to `initialize` on the same connection (the [`EraProbe`] makes
+    /// old servers fall back at once).
+    pub const fn newest(transport: TransportKind) -> Self {
+        Handshake {
+            protocol: Protocol::Auto,
+            transport,
+            discovery_first: true,
         }
     }
 
     /// rmcp's lifecycle for it: `auto` opens with the `initialize`
     /// handshake first (see [`Handshake::without_session`]).
     pub fn mode(&self) -> ClientLifecycleMode {
+        if self.discovery_first {
+            return ClientLifecycleMode::Auto {
+                preferred_versions: preferred_versions(),
+                legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+            };
+        }
         match self.protocol {
             Protocol::V2025_11_25 | Protocol::Auto => ClientLifecycleMode::Initialize,
             Protocol::V2026_07_28 => ClientLifecycleMode::Discover {
@@ -96,10 +117,13 @@ impl Handshake {
     /// for the other settings and for legacy HTTP+SSE, which has no
     /// 2026-07-28.
     pub fn without_session(&self) -> Option<Handshake> {
-        (self.protocol == Protocol::Auto && self.transport != TransportKind::HttpSseLegacy)
+        (self.protocol == Protocol::Auto
+            && !self.discovery_first
+            && self.transport != TransportKind::HttpSseLegacy)
             .then_some(Handshake {
                 protocol: Protocol::V2026_07_28,
                 transport: self.transport,
+                discovery_first: false,
             })
     }
 
@@ -242,6 +266,16 @@ impl<T> EraProbe<T> {
         self.discover = None;
         if matches!(self.ping, PingState::Answered { .. }) {
             self.ping = PingState::Done;
+        }
+        // A server that answers methods it does not know with an empty
+        // result (some old test servers do) did not discover anything.
+        if let ServerJsonRpcMessage::Response(response) = &message
+            && !matches!(response.result, ServerResult::DiscoverResult(_))
+        {
+            return Some(old_era_answer(
+                id,
+                "server/discover: the server answered with another result".to_owned(),
+            ));
         }
         match error.and_then(|error| self.offers_only_older(error)) {
             Some(offered) => Some(old_era_answer(

@@ -13,13 +13,15 @@ use std::future::Future;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use quiver_mcp::connection::ClientSide;
+use quiver_mcp::lifecycle::Handshake;
 use quiver_mcp::oauth::{Consent, OAuthClient, authorize};
 use quiver_mcp::server_log::ServerLog;
+use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::service::ClientServiceExt;
 use rmcp::service::{Peer, RunningService, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 /// Authorizations one probe runs at most (the first and the step-ups).
@@ -87,6 +89,10 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
 
 type Client = RunningService<RoleClient, ClientSide>;
 
+/// How the probe opens: the newest revision the server offers
+/// (`server/discover`, MCP 2026-07-28), else the `initialize` handshake.
+const NEWEST: Handshake = Handshake::newest(quiver_model::Transport::StreamableHttp);
+
 /// A connection, authorized with `challenge` when there is one.
 async fn connect(
     args: &ProbeArgs,
@@ -97,7 +103,9 @@ async fn connect(
     let config = StreamableHttpClientTransportConfig::with_uri(args.url.clone());
     let Some(challenge) = challenge else {
         let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
-        return Ok(side.serve(transport).await?);
+        return Ok(side
+            .serve_with_lifecycle(NEWEST.probe(transport), NEWEST.mode())
+            .await?);
     };
     let client = OAuthClient {
         client_id: args.oauth_client_id.clone(),
@@ -113,7 +121,7 @@ async fn connect(
     };
     let authorized = authorize(&args.url, Some(challenge), &client, consent, http.clone()).await?;
     let transport = StreamableHttpClientTransport::with_client(authorized, config);
-    side.serve(transport)
+    side.serve_with_lifecycle(NEWEST.probe(transport), NEWEST.mode())
         .await
         .context("initialize (authorized)")
 }
