@@ -64,14 +64,20 @@ const SCENARIOS: &[(&str, bool)] = &[
     ("auth/offline-access-not-supported", false),
 ];
 
-/// One scenario's checks: passed, failed.
-async fn run_scenario(node: &str, cli: &str, scenario: &str) -> (u32, u32, String) {
-    let command = format!(
+/// The client command the suite runs: `quiver mcp probe` through
+/// `tests/e2e/peers/probe_client.py`.
+fn probe_command() -> String {
+    format!(
         "'{}' '{}' '{}'",
         sdk_python(),
         peer("probe_client.py"),
         quiver_bin()
-    );
+    )
+}
+
+/// One scenario's checks: passed, failed.
+async fn run_scenario(node: &str, cli: &str, scenario: &str) -> (u32, u32, String) {
+    let command = probe_command();
     let output = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new(node)
@@ -146,12 +152,7 @@ const CLIENT_GAPS_2026: &[(&str, &str)] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quiver_mcp_probe_passes_the_2026_07_28_client_requirement_set() {
     let (node, cli) = suite_next();
-    let command = format!(
-        "'{}' '{}' '{}'",
-        sdk_python(),
-        peer("probe_client.py"),
-        quiver_bin()
-    );
+    let command = probe_command();
     let output = tokio::time::timeout(
         Duration::from_secs(900),
         tokio::process::Command::new(node)
