@@ -4,7 +4,8 @@
 //! (`tests/e2e/peers/probe_client.py` turns each scenario's context into
 //! probe flags). Every scenario of spec versions 2025-06-18 and 2025-11-25
 //! must pass; the others (2025-03-26, draft, extensions) are run and
-//! reported, not required.
+//! reported, not required. Of the 2026-07-28 requirement set (the suite's
+//! next release) every scored scenario must pass.
 
 use std::time::Duration;
 
@@ -128,27 +129,6 @@ async fn quiver_mcp_probe_passes_the_client_scenarios() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// Scored client scenarios of 2026-07-28 `quiver mcp probe` does not pass
-/// yet, and why (issue #23).
-const CLIENT_GAPS_2026: &[(&str, &str)] = &[
-    (
-        "sep-2322-client-request-state",
-        "the probe does not answer a server's input_required (no retry with inputResponses and requestState)",
-    ),
-    (
-        "http-custom-headers",
-        "the probe makes one tool call; the scenario needs a second one (test_custom_headers_null)",
-    ),
-    (
-        "http-invalid-tool-headers",
-        "the probe makes one tool call; the scenario needs valid_tool called beside a malformed one",
-    ),
-    (
-        "auth/scope-step-up",
-        "a SHOULD (SEP-2350, scored as a warning): re-authorization asks for the challenged scopes without the ones granted before",
-    ),
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quiver_mcp_probe_passes_the_2026_07_28_client_requirement_set() {
     let (node, cli) = suite_next();
@@ -198,7 +178,6 @@ async fn quiver_mcp_probe_passes_the_2026_07_28_client_requirement_set() {
         .lines()
         .filter_map(|line| line.strip_prefix('✗')?.trim().split(':').next())
         .filter(|name| !unscored.contains(name))
-        .filter(|name| !CLIENT_GAPS_2026.iter().any(|(gap, _)| gap == name))
         .collect();
     assert!(failing.is_empty(), "failing: {failing:?}\n{text}");
 }

@@ -7,7 +7,8 @@
 //! RFC 8707 `resource`, and the token exchange.
 //!
 //! Every step that fails says which one it was ([`OAuthError`]); nothing of
-//! a failed attempt is kept.
+//! a failed attempt is kept. A re-authorization ([`reauthorize`]) asks for
+//! the scopes granted before together with the newly challenged ones.
 
 use rmcp::transport::AuthClient;
 use rmcp::transport::auth::{
@@ -68,6 +69,48 @@ pub async fn authorize(
     consent: Consent,
     http: reqwest::Client,
 ) -> Result<AuthClient<reqwest::Client>, OAuthError> {
+    authorize_after(server_url, challenge, None, client, consent, http).await
+}
+
+/// Authorizes again after a request with the token of `previous` was
+/// answered with `challenge` (a 403 `insufficient_scope`, or a 401): asks
+/// for the scopes `previous` was granted together with those the challenge
+/// names (SEP-2350), so a step-up keeps what the earlier requests needed.
+pub async fn reauthorize(
+    server_url: &str,
+    challenge: &str,
+    previous: &AuthClient<reqwest::Client>,
+    client: &OAuthClient,
+    consent: Consent,
+    http: reqwest::Client,
+) -> Result<AuthClient<reqwest::Client>, OAuthError> {
+    let granted = previous
+        .auth_manager
+        .lock()
+        .await
+        .get_current_scopes()
+        .await;
+    authorize_after(
+        server_url,
+        Some(challenge),
+        Some(&granted),
+        client,
+        consent,
+        http,
+    )
+    .await
+}
+
+/// [`authorize`], or [`reauthorize`] when `granted` holds the scopes of the
+/// grant being replaced.
+async fn authorize_after(
+    server_url: &str,
+    challenge: Option<&str>,
+    granted: Option<&[String]>,
+    client: &OAuthClient,
+    consent: Consent,
+    http: reqwest::Client,
+) -> Result<AuthClient<reqwest::Client>, OAuthError> {
     let discovery = |err: rmcp::transport::auth::AuthError| OAuthError::Discovery(err.to_string());
     let mut manager = AuthorizationManager::new(server_url)
         .await
@@ -83,10 +126,19 @@ pub async fn authorize(
         require_pkce(&resolution.metadata).map_err(OAuthError::Discovery)?;
     }
     manager.set_metadata(resolution.metadata);
+    let scopes = match granted {
+        None => client.scopes.clone(),
+        // What this challenge alone would ask for: its `scope`, else the
+        // resource's `scopes_supported`.
+        Some(granted) => {
+            let challenged = manager.select_initial_scopes(&[]).await;
+            union_of_scopes([granted, &client.scopes, &challenged])
+        }
+    };
     let mut request = AuthorizationRequest::new(client.redirect_uri.clone())
         .with_client_name("quiver")
-        .with_scopes(client.scopes.iter().cloned());
-    if client.scopes.is_empty() {
+        .with_scopes(scopes.iter().cloned());
+    if scopes.is_empty() {
         request = request.with_initial_scope_selection();
     }
     if let Some(id) = &client.client_id {
@@ -117,6 +169,17 @@ pub async fn authorize(
         .await
         .map_err(|err| OAuthError::Exchange(err.to_string()))?;
     Ok(AuthClient::new(http, session.auth_manager))
+}
+
+/// Every scope of `lists` once, in the order first seen.
+fn union_of_scopes<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> Vec<String> {
+    let mut union: Vec<String> = Vec::new();
+    for scope in lists.into_iter().flatten() {
+        if !union.contains(scope) {
+            union.push(scope.clone());
+        }
+    }
+    union
 }
 
 /// The MCP authorization rule on PKCE: an authorization server whose
@@ -176,4 +239,28 @@ async fn ask_for_redirect(url: &str) -> Result<AuthorizationCallback, OAuthError
     .map_err(|err| OAuthError::Authorization(format!("reading the redirect URL: {err}")))?;
     AuthorizationCallback::from_redirect_url(line.trim())
         .map_err(|err| OAuthError::Authorization(format!("the pasted URL carries no code: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scopes(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_step_up_asks_for_the_granted_scopes_and_the_challenged_ones() {
+        let granted = scopes("mcp:basic offline_access");
+        let challenged = scopes("mcp:write mcp:basic");
+        assert_eq!(
+            union_of_scopes([&granted[..], &[], &challenged]),
+            scopes("mcp:basic offline_access mcp:write")
+        );
+        let explicit = scopes("mcp:read");
+        assert_eq!(
+            union_of_scopes([&[][..], &explicit, &challenged]),
+            scopes("mcp:read mcp:write mcp:basic")
+        );
+    }
 }
