@@ -65,7 +65,7 @@ impl Upstream {
 }
 
 /// Runs `tests/e2e/peers/modern_client.py` with `config`; its report.
-async fn modern_client(config: &Value) -> Value {
+pub(crate) async fn modern_client(config: &Value) -> Value {
     let output = tokio::time::timeout(
         Duration::from_secs(180),
         tokio::process::Command::new(sdk_python())

@@ -1,15 +1,21 @@
 """The official Python SDK's (`mcp` 2.x) high-level `Client` against a
-worker's MCP endpoint (tests/e2e/gateway_2026.rs), in its default mode
-(`auto`: `server/discover`, MCP 2026-07-28, no session) or `legacy`
-(`initialize`, a 2025-11-25 session).
+worker's MCP endpoint (tests/e2e/gateway_2026.rs, upstream_2026.rs), in its
+default mode (`auto`: `server/discover`, MCP 2026-07-28, no session) or
+`legacy` (`initialize`, a 2025-11-25 session).
 
 Usage: modern_client.py '<json config>'
   url     the endpoint;  token  the caller's bearer token;  mode  "auto" | "legacy"
   names   {"add", "ask", "think", "greet"}: tool and prompt names as listed here
   resource  a resource URI to read
-The client answers elicitation with the colour "teal" and sampling with
-"hi from the client"; both reach the server through the gateway. Every step
-is bounded; a failed step is reported, not raised. Prints a JSON report."""
+  calls   (instead of names and resource) {"step": [tool, arguments]}: the
+          tool calls to make, each reported under its step
+  elicit  the ElicitResult to answer elicitation with; by default it
+          accepts with the colour "teal"
+The client answers sampling with "hi from the client"; both answers reach
+the server through the gateway, and the report lists what the client was
+asked (`asked`: elicitation messages, `prompts`: the text of each sampling
+request's last message). Every step is bounded; a failed step is reported,
+not raised. Prints a JSON report."""
 
 import json
 import sys
@@ -20,8 +26,9 @@ from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
 config = json.loads(sys.argv[1])
-names = config["names"]
-report = {"asked": [], "sampled": 0}
+teal = {"action": "accept", "content": {"colour": "teal"}}
+elicited = types.ElicitResult.model_validate(config.get("elicit", teal))
+report = {"asked": [], "sampled": 0, "prompts": []}
 
 
 def dump(value):
@@ -30,11 +37,12 @@ def dump(value):
 
 async def on_elicit(context, params):
     report["asked"].append(params.message)
-    return types.ElicitResult(action="accept", content={"colour": "teal"})
+    return elicited
 
 
 async def on_sample(context, params):
     report["sampled"] += 1
+    report["prompts"].append(params.messages[-1].content.text)
     return types.CreateMessageResult(
         role="assistant",
         content=types.TextContent(type="text", text="hi from the client"),
@@ -74,6 +82,11 @@ async def main():
             async def call(name, arguments):
                 return dump(await client.call_tool(name, arguments))
 
+            if "calls" in config:
+                for name, (tool, arguments) in config["calls"].items():
+                    await step(name, call(tool, arguments))
+                return
+            names = config["names"]
             await step("add", call(names["add"], {"a": 2, "b": 3}))
             await step("ask", call(names["ask"], {}))
             await step("think", call(names["think"], {}))

@@ -1,9 +1,11 @@
 """An MCP server of the official Python SDK (`mcp` 2.x, which speaks
 2026-07-28 and the older revisions), for the protocol negotiation tests of
-crates/quiver-mcp/tests/protocol_era.rs. Tools: `echo(text)`; `meta()`,
-the `_meta` of its own request as JSON; `greet()`, which asks the client
-for a name (on 2026-07-28 by answering `input_required`, on the older
-revisions by an elicitation request during the call).
+crates/quiver-mcp/tests/protocol_era.rs and tests/e2e/upstream_2026.rs.
+Tools: `echo(text)`; `meta()`, the `_meta` of its own request as JSON;
+`greet()`, which asks the client for a name (elicitation), and `think()`,
+which asks the client's model to say hello (sampling): on 2026-07-28 by
+answering `input_required`, on the older revisions by a request during the
+call.
 
 Usage: stateless_server.py stdio
        stateless_server.py http
@@ -19,7 +21,8 @@ from typing import Annotated
 
 import anyio
 import uvicorn
-from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp import types
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve, Sample
 from pydantic import BaseModel
 
 server = MCPServer("python-stateless")
@@ -49,6 +52,17 @@ def ask_name() -> Elicit[Name]:
 def greet(person: Annotated[Name, Resolve(ask_name)]) -> str:
     """Greets the person the client names."""
     return f"Hello, {person.name}!"
+
+
+def ask_model() -> Sample:
+    prompt = types.TextContent(type="text", text="Say hello.")
+    return Sample([types.SamplingMessage(role="user", content=prompt)], max_tokens=20)
+
+
+@server.tool()
+def think(reply: Annotated[types.CreateMessageResult, Resolve(ask_model)]) -> str:
+    """Asks the client's model to say hello."""
+    return f"model said: {reply.content.text}"
 
 
 async def serve_http():
