@@ -91,9 +91,10 @@ use quiver_model::{HttpConfig, McpServerSpec, StdioConfig, StoredServer, Transpo
 use quiver_sync::SnapshotHandle;
 use quiver_testkit::mcp_server::{Profile, TestServer};
 use quiver_worker::DEFAULT_CATALOG_WAIT;
+use quiver_worker::approval::ApprovalFlow;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::Task;
-use quiver_worker::call::{CallContext, ToolCall, ToolRunner};
+use quiver_worker::call::{Call, CallContext, Lookup, ToolRunner};
 use quiver_worker::catalog::Catalog;
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::{Peer, RunningService};
@@ -785,14 +786,17 @@ impl Route {
                 echo.check_result(&outcome.result)
             }
             Route::CallTool(snapshot, runner, task, name, echo) => {
-                let request = ToolCall {
-                    name: name.clone(),
+                let snapshot = snapshot.current();
+                let call = Call {
+                    name,
                     arguments: Some(Value::Object(echo.arguments())),
-                    approval_id: None,
+                    lookup: Lookup::Injected {
+                        snapshot: &snapshot,
+                        session: None,
+                    },
+                    approval: ApprovalFlow::Refuse,
                 };
-                let done = runner
-                    .call(&snapshot.current(), task, &CallContext::default(), &request)
-                    .await?;
+                let done = runner.call(task, &CallContext::default(), call).await?;
                 echo.check_result(&done.outcome.result)
             }
             Route::Catalog(snapshot, runner, task, name) => {

@@ -189,6 +189,24 @@ impl CallerId {
             format!("token:{}", self.tag())
         }
     }
+
+    /// This caller's session `session_id` (a name it chose, or a gateway
+    /// session) under `task`, as per-session connections are keyed: another
+    /// caller naming the same id has another session, and so has this one
+    /// under another task.
+    pub fn session(
+        &self,
+        task: &Task,
+        kind: quiver_mcp::leases::SessionKind,
+        session_id: String,
+    ) -> quiver_mcp::leases::SessionKey {
+        quiver_mcp::leases::SessionKey {
+            caller: self.principal(),
+            task: task.name.clone(),
+            kind,
+            session_id,
+        }
+    }
 }
 
 fn first_8(text: &str) -> [u8; 8] {

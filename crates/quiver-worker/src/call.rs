@@ -1,20 +1,22 @@
-//! One tool call under the caller's policy and the server's budgets: the
-//! path shared by the direct tool API and the chat tool loop.
+//! One tool call under the caller's policy, its approval and the server's
+//! budgets: the one path of the tool API, the chat tool loop and the
+//! gateway ([`ToolRunner::call`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::leases::{SessionKey, SessionKind};
+use quiver_mcp::leases::SessionKind;
+use quiver_mcp::relay::CallPeer;
 use quiver_mcp::{
-    CallOptions, CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool,
+    CallOptions, CallOutcome, ContentBlock, ErrorCode, JsonObject, McpError, McpPool, UpstreamInput,
 };
-use quiver_model::approval::UseOutcome;
 use quiver_model::policy::CompiledSessionFilter;
-use quiver_sync::{CallBinding, RegistryApprovals, Snapshot};
-use serde::Deserialize;
+use quiver_sync::{RegistryApprovals, Snapshot};
+use rmcp::model::{InputRequest, InputRequiredResult, InputResponses};
 use serde_json::Value;
 
+use crate::approval::{ApprovalFlow, Cleared, Pending, principal_of};
 use crate::artifacts::{Artifact, ArtifactStore};
 use crate::audit::AuditOptions;
 use crate::auth::{CallerId, Task};
@@ -22,21 +24,6 @@ use crate::catalog::{Catalog, CatalogCache, CatalogTool};
 use crate::error::ErrorObject;
 use crate::schema::SchemaCache;
 use crate::tool_search::{ToolIndex, ToolIndexCache};
-
-/// A request to run one tool.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolCall {
-    /// Injected name (or `mcp.<server_id>.<tool_name>`).
-    pub name: String,
-    /// Tool arguments: a JSON object; absent or null means `{}`.
-    #[serde(default)]
-    pub arguments: Option<Value>,
-    /// An approval of exactly this call, for a tool that needs one
-    /// (docs/reference.md §13.7).
-    #[serde(default)]
-    pub approval_id: Option<String>,
-}
 
 /// Why a call did not run or did not finish (docs/reference.md §10).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -62,6 +49,10 @@ pub enum CallError {
     /// The arguments are not a JSON object.
     #[error("{0}")]
     InvalidArguments(String),
+    /// The caller is asked before the call runs (MCP 2026-07-28
+    /// `input_required`: an approval's question).
+    #[error("the client is asked for input before the call runs")]
+    Asking(Box<InputRequiredResult>),
     /// A per-caller limit of the fleet refuses the call (the message names
     /// it), e.g. the caller's pending approvals at the registry's cap.
     #[error("{0}")]
@@ -85,6 +76,7 @@ impl CallError {
             CallError::ApprovalDenied(_) => ErrorCode::McpApprovalDenied,
             CallError::ApprovalInvalid(_) => ErrorCode::McpApprovalInvalid,
             CallError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
+            CallError::Asking(_) => ErrorCode::McpInputRequired,
             CallError::LimitReached(_) => ErrorCode::ResourceExhausted,
             CallError::Mcp(err) => err.code(),
         }
@@ -193,94 +185,141 @@ pub fn arguments_object(arguments: Option<Value>) -> Result<JsonObject, CallErro
     }
 }
 
-/// What an approval of a call is bound to.
-fn binding<'a>(
-    task: &'a Task,
-    caller: &'a str,
-    tool: &'a CatalogTool,
-    arguments: &'a Value,
-) -> CallBinding<'a> {
-    CallBinding {
-        task: &task.name,
-        server_id: tool.server_id(),
-        tool: tool.tool_name(),
-        arguments,
-        record_revision: tool.server.revision,
-        caller,
-    }
-}
-
-/// The refusal of approval `id` for what trying to use it came to (`Ok`:
-/// it was used, the call may run).
-pub fn approval_refusal(id: &str, outcome: UseOutcome) -> Result<(), CallError> {
-    match outcome {
-        UseOutcome::Used => Ok(()),
-        UseOutcome::Denied => Err(CallError::ApprovalDenied(format!(
-            "approval {id} was denied by an approver"
-        ))),
-        UseOutcome::Mismatch(field) => Err(CallError::ApprovalInvalid(format!(
-            "approval {id} was given for another call (its {} differs)",
-            field.as_str()
-        ))),
-        other => Err(CallError::ApprovalInvalid(format!(
-            "approval {id} cannot be used: {}",
-            other.as_str().replace('_', " ")
-        ))),
-    }
-}
-
-/// The principal the registry records for an approval's caller (empty: the
-/// worker's credential stands for it).
-fn principal_of(caller: Option<&CallerId>) -> String {
-    caller.map(CallerId::principal).unwrap_or_default()
-}
-
-/// A registry that cannot answer about approvals.
-fn unreachable(err: quiver_sync::SyncError) -> CallError {
-    CallError::Mcp(McpError::Unavailable(format!(
-        "approvals cannot be checked with the registry: {err}"
-    )))
-}
-
-/// Who a call is made for, for the audit log.
-#[derive(Debug, Clone, Default)]
+/// Who a call is made for, for the audit log, and where what its server
+/// sends about it goes.
+#[derive(Clone, Default)]
 pub struct CallContext {
     /// The worker's id of the HTTP request (`x-request-id`).
     pub request_id: String,
-    /// The caller's session, when it named one.
-    pub session_id: Option<String>,
-    /// The caller's `_meta` and, for an MCP client, where the server's
-    /// traffic about the call goes (see `quiver_mcp::relay`).
+    /// The caller's `_meta`, its session's key (built once, by
+    /// [`CallContext::new`] or the gateway's edge) and, for an MCP client,
+    /// where the server's traffic about the call goes (see
+    /// `quiver_mcp::relay`).
     pub relay: CallOptions,
     /// The caller whose artifact store gets the result's images and audio
     /// (tool API, chat); `None` keeps them inline within the per-item
     /// limit (gateway clients).
     pub artifacts_owner: Option<CallerId>,
-    /// The caller presenting the request: the owner of its session's
-    /// per-session connections. Without one the call has no session.
+    /// The caller presenting the request: the principal of its approvals
+    /// and audit lines.
     pub caller: Option<CallerId>,
-    /// Which namespace `session_id` is in: a name the caller chose
-    /// (`x-quiver-session`) or a gateway MCP session.
-    pub session_kind: SessionKind,
+    /// Who answers when a server of 2026-07-28 asks by `input_required`
+    /// during the call: a gateway session's client, asked by requests on
+    /// its session. `None`: the call ends in [`McpError::InputRequired`]
+    /// for the caller to answer itself.
+    pub input_from: Option<Arc<dyn CallPeer>>,
 }
 
 impl CallContext {
-    /// The caller's session as per-session connections are keyed: the
-    /// caller's own (another caller naming the same id has another
-    /// session), of its task, and apart from gateway sessions.
-    pub fn session_key(&self, task: &Task) -> Option<SessionKey> {
-        let caller = self.caller.as_ref()?;
-        self.session_id.as_ref().map(|id| SessionKey {
-            caller: caller.principal(),
-            task: task.name.clone(),
-            kind: self.session_kind,
-            session_id: id.clone(),
-        })
+    /// A call by `caller` under `task`, in its session (`kind`, id) when it
+    /// named one.
+    pub fn new(
+        request_id: String,
+        caller: CallerId,
+        task: &Task,
+        session: Option<(SessionKind, String)>,
+    ) -> Self {
+        CallContext {
+            request_id,
+            relay: CallOptions {
+                session: session.map(|(kind, id)| caller.session(task, kind, id)),
+                ..Default::default()
+            },
+            caller: Some(caller),
+            ..Default::default()
+        }
+    }
+
+    /// The result's images and audio go to the caller's artifact store.
+    pub fn keeping_artifacts(mut self) -> Self {
+        self.artifacts_owner = self.caller.clone();
+        self
+    }
+
+    /// The session id the caller named, for audit lines.
+    pub fn session_id(&self) -> &str {
+        self.relay
+            .session
+            .as_ref()
+            .map_or("", |session| session.session_id.as_str())
     }
 }
 
-/// Runs tools for callers: schema check, pool call, metrics and audit. One
-/// runner serves the direct tool API and the chat tool loop.
+/// Where a call's name is looked up among the caller's tools.
+#[derive(Clone, Copy)]
+pub enum Lookup<'a> {
+    /// An injected name (or `mcp.<server_id>.<tool_name>`) among the tools
+    /// the caller may use, narrowed by `session` when given (tool API,
+    /// `/mcp`).
+    Injected {
+        /// The registry's records.
+        snapshot: &'a Snapshot,
+        /// The request's narrowing of the caller's policy.
+        session: Option<&'a CompiledSessionFilter>,
+    },
+    /// A tool's own name at one server (`/mcp/{server_id}`).
+    OwnName {
+        /// The registry's records.
+        snapshot: &'a Snapshot,
+        /// The server.
+        server_id: &'a str,
+    },
+    /// An injected name in the catalog the request already built (chat).
+    In(&'a Catalog),
+}
+
+/// One call: which tool, with what, approved how.
+pub struct Call<'a> {
+    /// The name, looked up by `lookup`.
+    pub name: &'a str,
+    /// The arguments: an object; absent or null means `{}`.
+    pub arguments: Option<Value>,
+    /// Where the name is looked up.
+    pub lookup: Lookup<'a>,
+    /// How a tool that needs an approval gets it.
+    pub approval: ApprovalFlow<'a>,
+}
+
+/// Rounds a session's client is asked for a server of 2026-07-28 that asks
+/// by `input_required`, before the call gives up (each within the call's
+/// `tool_timeout_ms` all the same).
+const MAX_ASKED_ROUNDS: usize = 8;
+
+/// Asks `peer` what a server of 2026-07-28 asked by `input_required`, one
+/// request at a time; the answers to send back, or `None` when it did not
+/// answer one.
+async fn answer_by_asking(
+    peer: &dyn CallPeer,
+    asked: &InputRequiredResult,
+) -> Option<UpstreamInput> {
+    let mut responses = InputResponses::new();
+    for (key, request) in asked.input_requests.iter().flatten() {
+        let answer = match request {
+            InputRequest::Elicitation(request) => peer
+                .create_elicitation(request.params.clone())
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            InputRequest::CreateMessage(request) => peer
+                .create_message(request.params.clone())
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            InputRequest::ListRoots(_) => peer
+                .list_roots(None)
+                .await
+                .map(|answer| serde_json::to_value(answer).ok()),
+            _ => return None,
+        };
+        responses.insert(key.clone(), answer.ok().flatten()?);
+    }
+    Some(UpstreamInput {
+        responses,
+        request_state: asked.request_state.clone(),
+    })
+}
+
+/// Runs tools for callers: name lookup, approval, schema check, pool call,
+/// metrics and audit. Every surface (tool API, chat tool loop, gateway)
+/// calls tools through [`ToolRunner::call`] and nothing else.
 #[derive(Clone)]
 pub struct ToolRunner {
     pool: McpPool,
@@ -290,7 +329,7 @@ pub struct ToolRunner {
     indexes: Arc<ToolIndexCache>,
     schemas: Arc<SchemaCache>,
     audit: Arc<AuditOptions>,
-    /// The registry's approvals, for tool API calls of tools that need one.
+    /// The registry's approvals, for calls of tools that need one.
     approvals: Option<RegistryApprovals>,
     /// Images and audio of results.
     artifacts: Arc<ArtifactStore>,
@@ -323,7 +362,7 @@ impl ToolRunner {
         &self.artifacts
     }
 
-    /// Asks `approvals` for the approvals of tool API calls.
+    /// Asks `approvals` for the approvals of calls.
     pub fn with_approvals(mut self, approvals: RegistryApprovals) -> Self {
         self.approvals = Some(approvals);
         self
@@ -374,206 +413,153 @@ impl ToolRunner {
         .unwrap_or(self.catalog_wait)
     }
 
-    /// Resolves `request.name` against what `task` may use and runs it.
-    pub async fn call(
-        &self,
-        snapshot: &Snapshot,
-        task: &Task,
-        context: &CallContext,
-        request: &ToolCall,
-    ) -> Result<CallDone, CallError> {
-        let started = Instant::now();
-        let tool = self.resolve(snapshot, task, &request.name).await?;
-        if tool.needs_approval() {
-            self.approve(task, context.caller.clone(), &tool, request)
-                .await?;
-            return self
-                .execute(task, context, &tool, request.arguments.clone(), started)
-                .await;
-        }
-        self.run(task, context, &tool, request.arguments.clone(), started)
-            .await
-    }
-
-    /// An approval of exactly this call (§13.7): without `approval_id` one
-    /// is requested from the registry and the call refused with its id;
-    /// with it, the approval is used (once, across every worker) or the
-    /// call refused saying why.
-    async fn approve(
-        &self,
-        task: &Task,
-        caller: Option<CallerId>,
-        tool: &CatalogTool,
-        request: &ToolCall,
-    ) -> Result<(), CallError> {
-        match &request.approval_id {
-            Some(id) => {
-                self.use_approval(task, caller, tool, request.arguments.clone(), id)
-                    .await
-            }
-            None => Err(self
-                .request_approval(task, caller, tool, request.arguments.clone())
-                .await?),
-        }
-    }
-
-    /// The registry's approvals, or the refusal saying this worker has none.
-    fn approvals(&self, tool: &CatalogTool) -> Result<&RegistryApprovals, CallError> {
-        self.approvals
-            .as_ref()
-            .ok_or_else(|| CallError::ApprovalRequired {
-                message: format!(
-                    "{}.{} requires an approval, and this worker has no registry to ask",
-                    tool.server_id(),
-                    tool.tool_name()
-                ),
-                approval_id: None,
-            })
-    }
-
-    /// Requests an approval of this call; returns the refusal that carries
-    /// its id (or why none could be requested).
+    /// An approval of a call of `tool` with `arguments` by `caller`,
+    /// requested ahead of the call (chat asks for every call of a turn
+    /// before any runs); its id.
     pub async fn request_approval(
         &self,
         task: &Task,
-        caller: Option<CallerId>,
+        caller: Option<&CallerId>,
         tool: &CatalogTool,
         arguments: Option<Value>,
-    ) -> Result<CallError, CallError> {
-        let approvals = self.approvals(tool)?;
+    ) -> Result<String, CallError> {
         let arguments = Value::Object(arguments_object(arguments)?);
-        let caller = principal_of(caller.as_ref());
-        let id = approvals
-            .request(&binding(task, &caller, tool, &arguments))
-            .await
-            .map_err(|err| match err.limit_message() {
-                // The caller's pending approvals are at the registry's cap:
-                // no new one until some are decided or expire.
-                Some(message) => CallError::LimitReached(format!(
-                    "{}.{} requires an approval, and none can be requested now: {message}",
-                    tool.server_id(),
-                    tool.tool_name()
-                )),
-                None => unreachable(err),
-            })?;
-        Ok(CallError::ApprovalRequired {
-            message: format!(
-                "{}.{} requires an approval: approval {id} is waiting for an approver; repeat the call with its id once it is approved",
-                tool.server_id(),
-                tool.tool_name()
-            ),
-            approval_id: Some(id),
-        })
+        self.pending(task, caller, tool, &arguments).request().await
     }
 
-    /// Uses approval `id` for this call: `Ok` means it may run, once.
-    pub async fn use_approval(
+    fn pending<'a>(
+        &'a self,
+        task: &'a Task,
+        caller: Option<&'a CallerId>,
+        tool: &'a CatalogTool,
+        arguments: &'a Value,
+    ) -> Pending<'a> {
+        Pending {
+            approvals: self.approvals.as_ref(),
+            task,
+            caller,
+            tool,
+            arguments,
+        }
+    }
+
+    /// Looks `call.name` up, settles its approval by `call.approval` and
+    /// runs it: the one way a tool runs.
+    pub async fn call(
         &self,
         task: &Task,
-        caller: Option<CallerId>,
-        tool: &CatalogTool,
-        arguments: Option<Value>,
-        id: &str,
-    ) -> Result<(), CallError> {
-        let outcome = self
-            .approval_outcome(task, caller, tool, arguments, id)
-            .await?;
-        approval_refusal(id, outcome)
-    }
-
-    /// Tries to use approval `id` for this call and says what came of it
-    /// (`Used`: it may run, once; `Pending`: no approver decided yet).
-    pub async fn approval_outcome(
-        &self,
-        task: &Task,
-        caller: Option<CallerId>,
-        tool: &CatalogTool,
-        arguments: Option<Value>,
-        id: &str,
-    ) -> Result<UseOutcome, CallError> {
-        let approvals = self.approvals(tool)?;
-        let arguments = Value::Object(arguments_object(arguments)?);
-        let caller = principal_of(caller.as_ref());
-        approvals
-            .use_for(id, &binding(task, &caller, tool, &arguments))
+        context: &CallContext,
+        call: Call<'_>,
+    ) -> Result<CallDone, CallError> {
+        let started = Instant::now();
+        let tool = self.resolve(task, call.lookup, call.name).await?;
+        let arguments = arguments_object(call.arguments)?;
+        let cleared = match Cleared::not_needed(&tool) {
+            Some(cleared) => cleared,
+            None => {
+                let bound = Value::Object(arguments.clone());
+                self.pending(task, context.caller.as_ref(), &tool, &bound)
+                    .settle(call.approval)
+                    .await?
+            }
+        };
+        self.execute(task, context, tool, arguments, cleared, started)
             .await
-            .map_err(unreachable)
     }
 
-    /// The tool `name` refers to among those `task` may use.
+    /// The tool `name` refers to, looked up by `lookup`, among those `task`
+    /// may use.
     async fn resolve(
         &self,
-        snapshot: &Snapshot,
         task: &Task,
+        lookup: Lookup<'_>,
         name: &str,
     ) -> Result<CatalogTool, CallError> {
-        let candidates = Catalog::candidate_servers(name);
-        if candidates.is_empty() {
-            return Err(CallError::not_available(name));
-        }
-        let catalog = self.catalog(snapshot, task, None, Some(&candidates)).await;
-        match catalog.resolve(name) {
-            Some(tool) => Ok(tool.clone()),
-            // A selected server that cannot list its tools is unavailable,
-            // not a policy refusal.
-            None => match catalog.unavailable.first() {
-                Some(down) => Err(CallError::Mcp(down.error.clone())),
-                None => Err(CallError::not_available(name)),
-            },
+        let catalog = match lookup {
+            Lookup::In(catalog) => {
+                return catalog
+                    .resolve(name)
+                    .cloned()
+                    .ok_or_else(|| CallError::not_available(name));
+            }
+            Lookup::Injected { snapshot, session } => {
+                let candidates = Catalog::candidate_servers(name);
+                if candidates.is_empty() {
+                    return Err(CallError::not_available(name));
+                }
+                let catalog = self
+                    .catalog(snapshot, task, session, Some(&candidates))
+                    .await;
+                if let Some(tool) = catalog.resolve(name) {
+                    return Ok(tool.clone());
+                }
+                catalog
+            }
+            Lookup::OwnName {
+                snapshot,
+                server_id,
+            } => {
+                let only = BTreeSet::from([server_id.to_owned()]);
+                let catalog = self.catalog(snapshot, task, None, Some(&only)).await;
+                if let Some(tool) = catalog.own_named().find(|tool| tool.exposed_name == name) {
+                    return Ok(tool.clone());
+                }
+                catalog
+            }
+        };
+        // A selected server that cannot list its tools is unavailable, not
+        // a policy refusal.
+        match catalog.unavailable.first() {
+            Some(down) => Err(CallError::Mcp(down.error.clone())),
+            None => Err(CallError::not_available(name)),
         }
     }
 
-    /// Runs a tool already resolved against the caller's catalog. `started`
-    /// is when the caller's request for it arrived (latency metric): the
-    /// server's `tool_timeout_ms` counts from then.
-    pub async fn run(
+    /// Runs a tool resolved against the caller's catalog, its approval
+    /// settled (`_cleared`). `started` is when the caller's request for it
+    /// arrived (latency metric): the server's `tool_timeout_ms` counts from
+    /// then.
+    async fn execute(
         &self,
         task: &Task,
         context: &CallContext,
-        tool: &CatalogTool,
-        arguments: Option<Value>,
+        tool: CatalogTool,
+        arguments: JsonObject,
+        _cleared: Cleared,
         started: Instant,
     ) -> Result<CallDone, CallError> {
-        if tool.needs_approval() {
-            return Err(CallError::ApprovalRequired {
-                message: format!(
-                    "{}.{} requires an approval before it runs (through the tool API, POST /v1/mcp/tools/call)",
-                    tool.server_id(),
-                    tool.tool_name()
-                ),
-                approval_id: None,
-            });
-        }
-        self.execute(task, context, tool, arguments, started).await
-    }
-
-    /// Runs a tool whose approval, if it needs one, is settled.
-    pub async fn execute(
-        &self,
-        task: &Task,
-        context: &CallContext,
-        tool: &CatalogTool,
-        arguments: Option<Value>,
-        started: Instant,
-    ) -> Result<CallDone, CallError> {
-        let arguments = arguments_object(arguments)?;
         self.schemas
             .check(&tool.tool.input_schema, &arguments)
             .map_err(CallError::InvalidArguments)?;
         let logged_arguments = self.audit.arguments(&arguments);
-        let result = self
-            .pool
-            .call_tool_with(
-                &tool.server,
-                tool.tool_name(),
-                Some(arguments),
-                started,
-                CallOptions {
-                    session: context.session_key(task),
-                    ..context.relay.clone()
-                },
-            )
-            .await;
+        let mut options = context.relay.clone();
+        let mut asked_rounds = 0;
+        let result = loop {
+            let result = self
+                .pool
+                .call_tool_with(
+                    &tool.server,
+                    tool.tool_name(),
+                    Some(arguments.clone()),
+                    started,
+                    options.clone(),
+                )
+                .await;
+            // A server of 2026-07-28 asked by `input_required`: a session's
+            // client is asked here and the call repeated with its answers.
+            let (Err(McpError::InputRequired(asked)), Some(peer)) = (&result, &context.input_from)
+            else {
+                break result;
+            };
+            if asked_rounds == MAX_ASKED_ROUNDS {
+                break result;
+            }
+            asked_rounds += 1;
+            match answer_by_asking(peer.as_ref(), asked).await {
+                Some(input) => options.input = Some(input),
+                None => break result,
+            }
+        };
         let (server_id, tool_name) = (tool.server_id().to_owned(), tool.tool_name().to_owned());
         let status = match &result {
             Ok(outcome) if outcome.result.is_error == Some(true) => {
@@ -597,7 +583,7 @@ impl ToolRunner {
         tracing::info!(
             target: "quiver::audit",
             request_id = %context.request_id,
-            session_id = context.session_id.as_deref().unwrap_or(""),
+            session_id = context.session_id(),
             principal = %principal_of(context.caller.as_ref()),
             task = %task.name,
             server_id = %server_id,
@@ -620,7 +606,7 @@ impl ToolRunner {
             }
         };
         Ok(CallDone {
-            tool: tool.clone(),
+            tool,
             outcome,
             artifacts,
             server_text,

@@ -2,6 +2,7 @@
 //! budgeted MCP connections (`quiver-mcp`), decides per caller which tools
 //! may be used (`quiver_model::policy`) and serves the direct tool API.
 
+pub mod approval;
 pub mod artifacts;
 pub mod audit;
 pub mod auth;

@@ -14,8 +14,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use quiver_mcp::{McpPool, PoolOptions};
 use quiver_model::access::{ClaimRule, IdentityProviderRecord};
+use quiver_model::approval::{ApprovalDecision, ApprovalState};
 use quiver_model::policy::TaskPolicy;
-use quiver_model::{McpServerSpec, Source, StdioConfig, Transport};
+use quiver_model::{ApprovalPolicy, McpServerSpec, Source, StdioConfig, Transport};
 use quiver_store::{Store, UpsertRequest};
 use quiver_sync::{SyncOptions, SyncService};
 use quiver_testkit::mcp_server::testkit_mcp_bin;
@@ -34,12 +35,13 @@ const TOKEN: &str = "caller-secret";
 /// A caller whose task may only use server `other`.
 const NARROW_TOKEN: &str = "narrow-secret";
 
-/// A worker's router over a registry holding one stdio record, `kit`.
+/// A worker's router over a registry holding two stdio records of the same
+/// server: `kit`, and `gated`, whose every call needs an approval.
 struct Edge {
     router: Router,
     pool: McpPool,
     shutdown: CancellationToken,
-    _registry: InProcessRegistry,
+    registry: InProcessRegistry,
 }
 
 impl Drop for Edge {
@@ -62,16 +64,22 @@ impl Edge {
             ..Default::default()
         });
         spec.allowed_tools = vec!["*".into()];
-        registry
-            .store
-            .upsert(UpsertRequest {
-                spec,
-                expected_revision: None,
-                actor: "test".into(),
-                source: Source::Api,
-            })
-            .await
-            .expect("record stored");
+        // The same server again, every call of it needing an approval.
+        let mut gated = spec.clone();
+        gated.server_id = "gated".into();
+        gated.approval_policy = ApprovalPolicy::Always;
+        for spec in [spec, gated] {
+            registry
+                .store
+                .upsert(UpsertRequest {
+                    spec,
+                    expected_revision: None,
+                    actor: "test".into(),
+                    source: Source::Api,
+                })
+                .await
+                .expect("record stored");
+        }
 
         let shutdown = CancellationToken::new();
         let sync = SyncService::new(SyncOptions {
@@ -82,6 +90,7 @@ impl Edge {
         })
         .expect("sync options");
         let snapshot = sync.handle();
+        let approvals = sync.approvals();
         tokio::spawn(sync.run(shutdown.clone()));
         tokio::time::timeout(Duration::from_secs(10), snapshot.wait_ready())
             .await
@@ -114,7 +123,8 @@ impl Edge {
             pool.clone(),
             AuditOptions::default(),
             quiver_worker::DEFAULT_CATALOG_WAIT,
-        );
+        )
+        .with_approvals(approvals);
         let gateway = Gateway::new(
             runner.clone(),
             snapshot.clone(),
@@ -135,7 +145,7 @@ impl Edge {
             router: router(state),
             pool,
             shutdown,
-            _registry: registry,
+            registry,
         }
     }
 
@@ -234,9 +244,8 @@ async fn the_tool_api_contract() {
         .as_array()
         .expect("a list")
         .iter()
-        .find(|tool| tool["tool_name"] == "echo")
+        .find(|tool| tool["tool_name"] == "echo" && tool["server_id"] == "kit")
         .unwrap_or_else(|| panic!("echo listed: {tools}"));
-    assert_eq!(echo["server_id"], "kit");
     assert_eq!(echo["input_schema"]["type"], "object");
 
     // By injected name and by `mcp.<server>.<tool>`.
@@ -541,4 +550,183 @@ async fn callers_take_static_tokens_first_then_jwts() {
         callers.identify(Some("Bearer not-a-jwt")).await,
         Err(Refusal::Unauthenticated(_))
     ));
+}
+
+/// A 2026-07-28 `tools/call` (no session) of `echo` at `/mcp/gated`, with
+/// `extra` params merged in; the JSON-RPC message answered.
+async fn gateway_call(edge: &Edge, capabilities: Value, extra: Value) -> Value {
+    let mut params = json!({
+        "name": "echo",
+        "arguments": {"text": "approved call"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        },
+    });
+    for (key, value) in extra.as_object().expect("object") {
+        if key == "_meta" {
+            params["_meta"]
+                .as_object_mut()
+                .expect("meta")
+                .extend(value.as_object().expect("meta object").clone());
+        } else {
+            params[key] = value.clone();
+        }
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let request = Request::post("/mcp/gated")
+        .header(header::HOST, "localhost")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "echo")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let (status, _, answer) = edge.send(request).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    // One message, as JSON or as the first event of an SSE stream.
+    let text = answer
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or(answer.to_string());
+    let message = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .unwrap_or(&text)
+        .trim()
+        .to_owned();
+    serde_json::from_str(&message).unwrap_or_else(|err| panic!("{text:?}: {err}"))
+}
+
+/// The approvals waiting for an approver.
+async fn pending_approvals(edge: &Edge) -> Vec<String> {
+    edge.registry
+        .store
+        .list_approvals(Some(ApprovalState::Pending), 100)
+        .await
+        .expect("approvals listed")
+        .into_iter()
+        .map(|approval| approval.approval_id)
+        .collect()
+}
+
+async fn decide(edge: &Edge, id: &str, decision: ApprovalDecision) {
+    edge.registry
+        .store
+        .decide_approval(id, decision, "approver", None)
+        .await
+        .expect("decided");
+}
+
+/// The §10 error code a tool error of the gateway carries.
+fn tool_error_code(answer: &Value) -> &Value {
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    &answer["result"]["structuredContent"]["error"]["code"]
+}
+
+/// A gateway `tools/call` of a tool that needs an approval runs only after
+/// an approver approved exactly that call, asked of a 2026-07-28 client by
+/// `input_required` (docs/reference.md §13.7): one path with the tool
+/// API's, in process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_calls_that_need_an_approval_run_only_once_approved() {
+    let edge = Edge::start().await;
+    let elicits = json!({"elicitation": {}});
+
+    // Asked: an approval is requested, the round ends with its question.
+    let asked = gateway_call(&edge, elicits.clone(), json!({})).await;
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let question = &result["inputRequests"]["quiver-approval"];
+    let pending = pending_approvals(&edge).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let id = pending[0].clone();
+    assert!(
+        question["params"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&id)),
+        "{asked}"
+    );
+    let state = result["requestState"]
+        .as_str()
+        .expect("requestState")
+        .to_owned();
+    let accept = json!({"quiver-approval": {"action": "accept"}});
+    let retry = json!({"requestState": state, "inputResponses": accept});
+
+    // Accepted before an approver decided: asked again, nothing ran.
+    let again = gateway_call(&edge, elicits.clone(), retry.clone()).await;
+    assert_eq!(again["result"]["resultType"], "input_required", "{again}");
+
+    // Approved: the retry runs the call.
+    decide(&edge, &id, ApprovalDecision::Approve).await;
+    let done = gateway_call(&edge, elicits.clone(), retry.clone()).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    assert_eq!(
+        done["result"]["content"][0]["text"], "approved call",
+        "{done}"
+    );
+
+    // The same state once more: the approval was used, the call does not run twice.
+    let replayed = gateway_call(&edge, elicits.clone(), retry).await;
+    assert_eq!(
+        tool_error_code(&replayed),
+        "mcp_approval_invalid",
+        "{replayed}"
+    );
+
+    // The state is bound to the call: other arguments are refused (-32602).
+    let other = gateway_call(
+        &edge,
+        elicits.clone(),
+        json!({"requestState": state, "arguments": {"text": "another call"}}),
+    )
+    .await;
+    assert_eq!(other["error"]["code"], -32602, "{other}");
+
+    // A client that cannot be asked: refused, carrying the new approval's id.
+    let refused = gateway_call(&edge, json!({}), json!({})).await;
+    assert_eq!(
+        tool_error_code(&refused),
+        "mcp_approval_required",
+        "{refused}"
+    );
+    let waiting = refused["result"]["structuredContent"]["error"]["approval_id"]
+        .as_str()
+        .expect("approval_id")
+        .to_owned();
+    assert!(pending_approvals(&edge).await.contains(&waiting));
+
+    // Named in `_meta`: a denied approval refuses the call, an approved one runs it.
+    decide(&edge, &waiting, ApprovalDecision::Deny).await;
+    let named = |id: &str| json!({"_meta": {"quiver/approval_id": id}});
+    let denied = gateway_call(&edge, json!({}), named(&waiting)).await;
+    assert_eq!(tool_error_code(&denied), "mcp_approval_denied", "{denied}");
+    let refused = gateway_call(&edge, json!({}), json!({})).await;
+    let id = refused["result"]["structuredContent"]["error"]["approval_id"]
+        .as_str()
+        .expect("approval_id")
+        .to_owned();
+    decide(&edge, &id, ApprovalDecision::Approve).await;
+    let ran = gateway_call(&edge, json!({}), named(&id)).await;
+    assert_eq!(ran["result"]["isError"], false, "{ran}");
+    assert_eq!(
+        ran["result"]["content"][0]["text"], "approved call",
+        "{ran}"
+    );
+
+    // A server that needs no approval runs at once, and the tool API's
+    // refusal of the gated one names the approval it requested.
+    let (status, body) = edge
+        .call(
+            TOKEN,
+            json!({"name": "mcp.gated.echo", "arguments": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "mcp_approval_required", "{body}");
+    assert!(body["error"]["approval_id"].is_string(), "{body}");
 }

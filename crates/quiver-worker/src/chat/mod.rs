@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::approval::ApprovalSet;
 use crate::auth::Task;
 use crate::call::{CallContext, ToolRunner};
 use crate::catalog::Catalog;
@@ -241,8 +242,7 @@ impl OwnedLoop {
             caller_tools: &self.request.caller_tools,
             vision: self.mcp.vision,
             budgets: self.mcp.budgets,
-            approvals: &self.mcp.approvals,
-            used_approvals: Default::default(),
+            approvals: ApprovalSet::new(self.mcp.approvals.clone()),
         }
     }
 

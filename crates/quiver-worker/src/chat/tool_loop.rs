@@ -36,8 +36,9 @@ use quiver_upstream::UpstreamError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use crate::approval::{ApprovalFlow, ApprovalSet};
 use crate::auth::Task;
-use crate::call::{CallContext, CallError, ToolRunner};
+use crate::call::{Call, CallContext, CallError, Lookup, ToolRunner};
 use crate::catalog::Catalog;
 use crate::chat::body;
 use crate::chat::search::ToolSearch;
@@ -142,10 +143,8 @@ pub struct ToolLoop<'a> {
     pub vision: bool,
     /// Session budgets.
     pub budgets: SessionBudgets,
-    /// `mcp.approvals` of the request.
-    pub approvals: &'a [String],
-    /// Those already used by a call of this loop.
-    pub used_approvals: std::sync::Mutex<HashSet<String>>,
+    /// `mcp.approvals` of the request, each used once by this loop.
+    pub approvals: ApprovalSet,
 }
 
 impl ToolLoop<'_> {
@@ -339,14 +338,11 @@ impl ToolLoop<'_> {
             if !tool.needs_approval() {
                 continue;
             }
-            if let Ok(CallError::ApprovalRequired {
-                approval_id: Some(id),
-                ..
-            }) = self
+            if let Ok(id) = self
                 .runner
                 .request_approval(
                     self.task,
-                    self.context.caller.clone(),
+                    self.context.caller.as_ref(),
                     tool,
                     Some(call.arguments.clone()),
                 )
@@ -358,60 +354,6 @@ impl ToolLoop<'_> {
             }
         }
         pending
-    }
-
-    /// Runs a call that needs an approval with the first of `mcp.approvals`
-    /// that is approved for exactly it (each used once).
-    async fn run_approved(
-        &self,
-        tool: &crate::catalog::CatalogTool,
-        call: &ModelToolCall,
-        started: Instant,
-    ) -> Result<crate::call::CallDone, CallError> {
-        let mut last =
-            CallError::ApprovalInvalid("none of mcp.approvals is approved for this call".into());
-        for id in self.approvals {
-            if self
-                .used_approvals
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(id)
-            {
-                continue;
-            }
-            match self
-                .runner
-                .use_approval(
-                    self.task,
-                    self.context.caller.clone(),
-                    tool,
-                    Some(call.arguments.clone()),
-                    id,
-                )
-                .await
-            {
-                Ok(()) => {
-                    self.used_approvals
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(id.clone());
-                    return self
-                        .runner
-                        .execute(
-                            self.task,
-                            self.context,
-                            tool,
-                            Some(call.arguments.clone()),
-                            started,
-                        )
-                        .await;
-                }
-                // Approved for another call of the conversation: try the next.
-                Err(err @ CallError::ApprovalInvalid(_)) => last = err,
-                Err(err) => return Err(err),
-            }
-        }
-        Err(last)
     }
 
     /// Runs the first `allowed` calls concurrently; the rest are over
@@ -431,22 +373,26 @@ impl ToolLoop<'_> {
                     Err(err) => (Answer::Failed(err), elapsed),
                 };
             }
-            let Some(tool) = self.catalog.resolve(&call.name) else {
-                return (Answer::Failed(CallError::not_available(&call.name)), 0.0);
-            };
-            let result = if tool.needs_approval() && !self.approvals.is_empty() {
-                self.run_approved(tool, call, started).await
+            // Without `mcp.approvals` the turn stopped before any call that
+            // needs one could run (`request_approvals`).
+            let approval = if self.approvals.is_empty() {
+                ApprovalFlow::Refuse
             } else {
-                self.runner
-                    .run(
-                        self.task,
-                        self.context,
-                        tool,
-                        Some(call.arguments.clone()),
-                        started,
-                    )
-                    .await
+                ApprovalFlow::FirstOf(&self.approvals)
             };
+            let result = self
+                .runner
+                .call(
+                    self.task,
+                    self.context,
+                    Call {
+                        name: &call.name,
+                        arguments: Some(call.arguments.clone()),
+                        lookup: Lookup::In(self.catalog),
+                        approval,
+                    },
+                )
+                .await;
             let elapsed = started.elapsed().as_secs_f64() * 1000.0;
             match result {
                 Ok(done) => (Answer::Done(Box::new(done)), elapsed),

@@ -14,7 +14,7 @@
 //! ([`Round::upstream_input`]).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
     ClientCapabilities, ElicitRequest, ElicitRequestParams, ElicitationSchema, ErrorData,
@@ -67,13 +67,22 @@ pub enum ApprovalStep {
     Used(String),
 }
 
+/// An elicitation form with nothing to fill in: the answer is the action
+/// (an approval's question).
+pub fn empty_form() -> ElicitationSchema {
+    serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
+        .expect("an empty object schema")
+}
+
 /// One round of a request.
 pub struct Round {
     /// The client's answers and what the server asks.
     pub inputs: Arc<Inputs>,
     key: RoundKey,
     states: RequestStates,
-    approval: ApprovalStep,
+    /// Changes while the call settles its approval, which runs beside the
+    /// round's watch for the server's questions.
+    approval: Mutex<ApprovalStep>,
     /// This round's `inputResponses`, for a server that asked itself.
     responses: InputResponses,
     /// Whether the server asked itself last round, and its state.
@@ -116,15 +125,19 @@ impl Round {
             inputs: Arc::new(Inputs::new(offered, capabilities)),
             key,
             states: states.clone(),
-            approval,
+            approval: Mutex::new(approval),
             responses,
             upstream: prior.upstream_asked.then_some(prior.upstream_state),
         })
     }
 
     /// Where the call stands with its approval.
-    pub fn approval(&self) -> &ApprovalStep {
-        &self.approval
+    pub fn approval(&self) -> ApprovalStep {
+        self.step().clone()
+    }
+
+    fn step(&self) -> std::sync::MutexGuard<'_, ApprovalStep> {
+        self.approval.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the client declared it can be asked (elicitation).
@@ -142,8 +155,8 @@ impl Round {
 
     /// Notes that approval `id` was used for this call: later rounds run it
     /// again without asking.
-    pub fn approval_used(&mut self, id: String) {
-        self.approval = ApprovalStep::Used(id);
+    pub fn approval_used(&self, id: String) {
+        *self.step() = ApprovalStep::Used(id);
     }
 
     /// What goes back to a server that asked itself last round: the
@@ -181,10 +194,10 @@ impl Round {
         answers: BTreeMap<String, serde_json::Value>,
         upstream: Option<Option<String>>,
     ) -> String {
-        let (approval_id, approval_used) = match &self.approval {
+        let (approval_id, approval_used) = match self.approval() {
             ApprovalStep::NotAsked => (None, false),
-            ApprovalStep::Waiting(id) => (Some(id.clone()), false),
-            ApprovalStep::Used(id) => (Some(id.clone()), true),
+            ApprovalStep::Waiting(id) => (Some(id), false),
+            ApprovalStep::Used(id) => (Some(id), true),
         };
         self.states.seal(
             &self.key.binding(),
@@ -212,19 +225,15 @@ impl Round {
 
     /// Ends the round asking the person at the client to accept once an
     /// approver approved `id` (the approval travels in the state).
-    pub fn ask_approval(&mut self, id: String, message: String) -> InputRequiredResult {
-        let schema = serde_json::from_value::<ElicitationSchema>(
-            serde_json::json!({"type": "object", "properties": {}}),
-        )
-        .expect("an empty object schema");
+    pub fn ask_approval(&self, id: String, message: String) -> InputRequiredResult {
         let question = InputRequest::Elicitation(ElicitRequest::new(
             ElicitRequestParams::FormElicitationParams {
                 meta: None,
                 message,
-                requested_schema: schema,
+                requested_schema: empty_form(),
             },
         ));
-        self.approval = ApprovalStep::Waiting(id);
+        *self.step() = ApprovalStep::Waiting(id);
         let requests = InputRequests::from([(APPROVAL_INPUT.to_owned(), question)]);
         InputRequiredResult::new(Some(requests), Some(self.state(self.inputs.used())))
     }

@@ -6,7 +6,7 @@
 //! caller's task, the endpoint, the request id: [`GatewayRequest`]), not by
 //! what the session was opened with, so a changed task policy applies at
 //! once and a session restored on another worker needs nothing else. Tool
-//! calls take the tool API's path ([`ToolRunner::run`]); everything else a
+//! calls take the tool API's path ([`ToolRunner::call`]); everything else a
 //! server offers is forwarded to it through the pool, filtered by the
 //! record's `allowed_resources` / `allowed_prompts`.
 
@@ -15,42 +15,42 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
-use quiver_mcp::leases::{SessionKey, SessionKind};
+use quiver_mcp::leases::SessionKey;
 use quiver_mcp::relay::CallAttachment;
 use quiver_mcp::relay::CallPeer;
-use quiver_mcp::{CallOptions, ForwardError, McpError, UpstreamInput};
+use quiver_mcp::{CallOptions, ForwardError, McpError};
 use quiver_model::StoredServer;
-use quiver_model::approval::UseOutcome;
 use quiver_model::naming::{injected_name, parse_injected_name};
 use quiver_model::policy::{
-    ServerContentFilter, SessionFilter, check_session_within_task, server_selected,
+    CompiledSessionFilter, ServerContentFilter, SessionFilter, check_session_within_task,
+    server_selected,
 };
 use quiver_model::resource_uri;
 use quiver_sync::Snapshot;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
-    ContentBlock, DiscoverResult, ElicitRequestParams, ElicitationAction, ElicitationSchema,
-    ErrorCode as RpcCode, ErrorData, GetPromptRequestParams, GetPromptResponse, GetPromptResult,
-    Implementation, InitializeRequestParams, InitializeResult, InputRequest, InputRequiredResult,
-    InputResponses, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, PromptsCapability, ProtocolVersion,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference,
-    ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, ServerResult,
+    ContentBlock, DiscoverResult, ErrorCode as RpcCode, ErrorData, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, InitializeRequestParams, InitializeResult,
+    InputRequiredResult, InputResponses, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Reference, ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, ServerResult,
     SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool, ToolsCapability,
     UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext, ServiceError, SubscriptionContext};
 use rmcp::{RoleClient, RoleServer, ServerHandler};
 
+use crate::approval::ApprovalFlow;
 use crate::auth::{CallerId, Task};
-use crate::call::{CallContext, CallError, ToolRunner, approval_refusal};
+use crate::call::{Call, CallContext, CallError, Lookup, ToolRunner};
 use crate::catalog::{Catalog, CatalogTool};
 use crate::error::ErrorObject;
+use crate::gateway::approval::{APPROVAL_META, AskInProtocol};
 use crate::gateway::peer::{Downstream, DownstreamPeer};
 use crate::gateway::request_state::RequestStates;
-use crate::gateway::round::{ApprovalStep, Carried, Round, RoundKey};
+use crate::gateway::round::{Carried, Round, RoundKey};
 use crate::gateway::scope::Scope;
 use crate::gateway::sessions::{LiveSession, LiveSessions, RELAY_SLOTS, Registered};
 
@@ -65,23 +65,11 @@ pub struct GatewayRequest {
     pub scope: Scope,
     /// The worker's id of the HTTP request (`x-request-id`).
     pub request_id: String,
-    /// The MCP session (rmcp's id, without the signature): the audit's
-    /// session id and the key of per-session connections.
-    pub session_id: Option<String>,
-}
-
-impl GatewayRequest {
-    /// The caller's session as per-session connections are keyed: the
-    /// caller's own, in the gateway's namespace (a tool API caller naming
-    /// this id as `x-quiver-session` has another session).
-    pub fn session_key(&self) -> Option<SessionKey> {
-        self.session_id.as_ref().map(|id| SessionKey {
-            caller: self.caller.principal(),
-            task: self.task.name.clone(),
-            kind: SessionKind::Gateway,
-            session_id: id.clone(),
-        })
-    }
+    /// The MCP session (rmcp's id, without the signature), keyed for
+    /// per-session connections in the gateway's namespace (a tool API
+    /// caller naming this id as `x-quiver-session` has another session);
+    /// its id is the audit's session id.
+    pub session: Option<SessionKey>,
 }
 
 /// What every session of a worker shares.
@@ -129,9 +117,6 @@ impl GatewayServer {
         }
     }
 }
-
-/// The `_meta` key of a `tools/call` that names its approval (§13.7).
-pub const APPROVAL_META: &str = "quiver/approval_id";
 
 /// The caching hints (2026-07-28) of what the gateway answers: none of its
 /// own, so rmcp's defaults apply (`ttlMs: 0`, `cacheScope: "private"`). A
@@ -187,8 +172,8 @@ impl GatewayServer {
         context: &RequestContext<RoleServer>,
     ) -> Result<GatewayRequest, ErrorData> {
         let request = gateway_request(context)?;
-        if let Some(key) = request.session_key() {
-            let _ = self.leases.set(key);
+        if let Some(key) = &request.session {
+            let _ = self.leases.set(key.clone());
         }
         Ok(request)
     }
@@ -277,13 +262,8 @@ impl GatewayServer {
         })
     }
 
-    /// The caller's tools at this endpoint, restricted to `only` (the
-    /// servers a called name can refer to) when given.
-    async fn catalog(
-        &self,
-        request: &GatewayRequest,
-        only: Option<&BTreeSet<String>>,
-    ) -> Result<Catalog, ErrorData> {
+    /// The caller's tools at this endpoint.
+    async fn catalog(&self, request: &GatewayRequest) -> Result<Catalog, ErrorData> {
         let snapshot = self.snapshot();
         let runner = &self.shared.runner;
         match &request.scope {
@@ -295,19 +275,29 @@ impl GatewayServer {
                     .await)
             }
             Scope::Catalog { server_ids } => {
-                let session = SessionFilter {
-                    server_ids: server_ids.as_ref().map(|ids| ids.iter().cloned().collect()),
-                    ..Default::default()
-                }
-                .compile()
-                .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
-                check_session_within_task(&request.task.policy, &session)
-                    .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
+                let session = Self::narrowing(request, server_ids.as_ref())?;
                 Ok(runner
-                    .catalog(&snapshot, &request.task, Some(&session), only)
+                    .catalog(&snapshot, &request.task, Some(&session), None)
                     .await)
             }
         }
+    }
+
+    /// The catalog endpoint's `server_ids`, as a narrowing of the caller's
+    /// policy.
+    fn narrowing(
+        request: &GatewayRequest,
+        server_ids: Option<&BTreeSet<String>>,
+    ) -> Result<CompiledSessionFilter, ErrorData> {
+        let session = SessionFilter {
+            server_ids: server_ids.map(|ids| ids.iter().cloned().collect()),
+            ..Default::default()
+        }
+        .compile()
+        .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
+        check_session_within_task(&request.task.policy, &session)
+            .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
+        Ok(session)
     }
 
     /// A catalog tool as the client sees it.
@@ -408,7 +398,7 @@ impl GatewayServer {
         self.shared
             .runner
             .pool()
-            .forward(server, on.session_key().as_ref(), attachment, request)
+            .forward(server, on.session.as_ref(), attachment, request)
             .await
             .map_err(forward_error)
     }
@@ -600,43 +590,6 @@ fn passed_on(
     }
 }
 
-/// Rounds a session's client is asked for a server of 2026-07-28 that asks
-/// by `input_required`, before the call gives up (each within the call's
-/// `tool_timeout_ms` all the same).
-const MAX_ASKED_ROUNDS: usize = 8;
-
-/// Asks a session's client what a server of 2026-07-28 asked by
-/// `input_required`, one request at a time; the answers to send back, or
-/// `None` when the client did not answer one.
-async fn answer_on_session(
-    peer: &DownstreamPeer,
-    asked: &InputRequiredResult,
-) -> Option<UpstreamInput> {
-    let mut responses = InputResponses::new();
-    for (key, request) in asked.input_requests.iter().flatten() {
-        let answer = match request {
-            InputRequest::Elicitation(request) => peer
-                .create_elicitation(request.params.clone())
-                .await
-                .map(|answer| serde_json::to_value(answer).ok()),
-            InputRequest::CreateMessage(request) => peer
-                .create_message(request.params.clone())
-                .await
-                .map(|answer| serde_json::to_value(answer).ok()),
-            InputRequest::ListRoots(_) => peer
-                .list_roots(None)
-                .await
-                .map(|answer| serde_json::to_value(answer).ok()),
-            _ => return None,
-        };
-        responses.insert(key.clone(), answer.ok().flatten()?);
-    }
-    Some(UpstreamInput {
-        responses,
-        request_state: asked.request_state.clone(),
-    })
-}
-
 /// How a request of a round settled.
 enum Settled<T> {
     /// The server answered.
@@ -703,152 +656,6 @@ impl GatewayServer {
             Scope::Catalog { .. } => self.get_info(),
         })
     }
-}
-
-/// What settling a call's approval came to.
-enum Approval {
-    /// The call may run.
-    Granted,
-    /// The client is asked to wait for an approver (2026-07-28).
-    Ask(InputRequiredResult),
-}
-
-impl GatewayServer {
-    /// Settles the approval of a call (§13.7 **R-APPR-2**): the approval the
-    /// client names in `_meta["quiver/approval_id"]` is used; without one, an
-    /// approval is requested and the person at the client, if it can be
-    /// asked, is asked to accept once an approver approved it — by
-    /// elicitation on a session, by `input_required` without one (the
-    /// approval's id travels in the request state until it is decided);
-    /// otherwise the refusal carries the approval's id.
-    async fn approve(
-        &self,
-        context: &RequestContext<RoleServer>,
-        request: &GatewayRequest,
-        tool: &CatalogTool,
-        arguments: Option<serde_json::Value>,
-        approval_id: Option<String>,
-        round: Option<&mut Round>,
-    ) -> Result<Approval, CallError> {
-        let runner = &self.shared.runner;
-        let caller = Some(request.caller.clone());
-        if let Some(id) = approval_id {
-            runner
-                .use_approval(&request.task, caller, tool, arguments, &id)
-                .await?;
-            if let Some(round) = round {
-                round.approval_used(id);
-            }
-            return Ok(Approval::Granted);
-        }
-        let Some(round) = round else {
-            let refusal = runner
-                .request_approval(&request.task, caller.clone(), tool, arguments.clone())
-                .await?;
-            let CallError::ApprovalRequired {
-                approval_id: Some(id),
-                ..
-            } = &refusal
-            else {
-                return Err(refusal);
-            };
-            if !self.elicit_approval(context, tool, id).await {
-                return Err(refusal);
-            }
-            runner
-                .use_approval(&request.task, caller, tool, arguments, id)
-                .await?;
-            return Ok(Approval::Granted);
-        };
-        match round.approval().clone() {
-            ApprovalStep::Used(_) => Ok(Approval::Granted),
-            ApprovalStep::Waiting(id) => {
-                if round.approval_answer() == Some(false) {
-                    return Err(CallError::ApprovalRequired {
-                        message: format!(
-                            "{}.{} requires an approval: the client declined to wait for approval {id}",
-                            tool.server_id(),
-                            tool.tool_name()
-                        ),
-                        approval_id: Some(id),
-                    });
-                }
-                match runner
-                    .approval_outcome(&request.task, caller, tool, arguments, &id)
-                    .await?
-                {
-                    UseOutcome::Pending => {
-                        let message = approval_question(tool, &id);
-                        Ok(Approval::Ask(round.ask_approval(id, message)))
-                    }
-                    outcome => {
-                        approval_refusal(&id, outcome)?;
-                        round.approval_used(id);
-                        Ok(Approval::Granted)
-                    }
-                }
-            }
-            ApprovalStep::NotAsked => {
-                let refusal = runner
-                    .request_approval(&request.task, caller, tool, arguments)
-                    .await?;
-                match &refusal {
-                    CallError::ApprovalRequired {
-                        approval_id: Some(id),
-                        ..
-                    } if round.can_ask() => {
-                        let message = approval_question(tool, id);
-                        Ok(Approval::Ask(round.ask_approval(id.clone(), message)))
-                    }
-                    _ => Err(refusal),
-                }
-            }
-        }
-    }
-
-    /// Asks the person at the client to accept once approval `id` is
-    /// approved; `false` when the client cannot be asked or did not accept
-    /// within the tool's timeout.
-    async fn elicit_approval(
-        &self,
-        context: &RequestContext<RoleServer>,
-        tool: &CatalogTool,
-        id: &str,
-    ) -> bool {
-        let can_ask = context
-            .peer
-            .peer_info()
-            .is_some_and(|info| info.capabilities.elicitation.is_some());
-        let Ok(schema) = serde_json::from_value::<ElicitationSchema>(
-            serde_json::json!({"type": "object", "properties": {}}),
-        ) else {
-            return false;
-        };
-        if !can_ask {
-            return false;
-        }
-        let asked = context
-            .peer
-            .create_elicitation(ElicitRequestParams::FormElicitationParams {
-                meta: None,
-                message: approval_question(tool, id),
-                requested_schema: schema,
-            });
-        let wait = std::time::Duration::from_millis(tool.server.spec.budgets.tool_timeout_ms);
-        matches!(
-            tokio::time::timeout(wait, asked).await,
-            Ok(Ok(answer)) if answer.action == ElicitationAction::Accept
-        )
-    }
-}
-
-/// What the person at the client is asked while a call waits for approval.
-fn approval_question(tool: &CatalogTool, id: &str) -> String {
-    format!(
-        "{}.{} needs an approval. Ask an approver to approve {id} (web admin, Approvals), then accept.",
-        tool.server_id(),
-        tool.tool_name()
-    )
 }
 
 impl ServerHandler for GatewayServer {
@@ -956,7 +763,7 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let request = self.request_of(&context)?;
-        let catalog = self.catalog(&request, None).await?;
+        let catalog = self.catalog(&request).await?;
         let listed = match &request.scope {
             Scope::Server(_) => catalog
                 .own_named()
@@ -975,35 +782,33 @@ impl ServerHandler for GatewayServer {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let started = Instant::now();
         let request = self.request_of(&context)?;
-        // Resolving a name lists only the servers it can refer to.
-        let candidates = Catalog::candidate_servers(&params.name);
-        let catalog = self.catalog(&request, Some(&candidates)).await?;
-        let tool = match &request.scope {
-            Scope::Server(_) => catalog
-                .own_named()
-                .find(|tool| tool.exposed_name == params.name),
-            Scope::Catalog { .. } => catalog.resolve(&params.name),
-        };
-        let Some(tool) = tool.cloned() else {
-            if let Some(down) = catalog.unavailable.first() {
-                return Ok(tool_error(&CallError::Mcp(down.error.clone())).into());
+        let snapshot = self.snapshot();
+        let narrowing;
+        let lookup = match &request.scope {
+            Scope::Server(id) => {
+                self.server(&request, id)?;
+                Lookup::OwnName {
+                    snapshot: &snapshot,
+                    server_id: id,
+                }
             }
-            return Err(ErrorData::invalid_params(
-                format!("unknown tool {:?}", params.name),
-                None,
-            ));
+            Scope::Catalog { server_ids } => {
+                narrowing = Self::narrowing(&request, server_ids.as_ref())?;
+                Lookup::Injected {
+                    snapshot: &snapshot,
+                    session: Some(&narrowing),
+                }
+            }
         };
         // rmcp hands a request's `_meta` to the handler in the context; it
         // is passed on upstream without the worker's own key.
         let mut meta = params.meta.clone().unwrap_or_else(|| context.meta.clone());
-        let approval_id = meta
+        let named_approval = meta
             .0
             .0
             .remove(APPROVAL_META)
             .and_then(|id| id.as_str().map(str::to_owned));
-        let meta = Some(meta);
         let arguments = params.arguments.map(serde_json::Value::Object);
         let carried = Carried {
             responses: params.input_responses,
@@ -1015,25 +820,7 @@ impl ServerHandler for GatewayServer {
             &params.name,
             arguments.clone().unwrap_or(serde_json::Value::Null),
         );
-        let mut round = self.round(&context, key, carried)?;
-        let approved = tool.needs_approval();
-        if approved {
-            match self
-                .approve(
-                    &context,
-                    &request,
-                    &tool,
-                    arguments.clone(),
-                    approval_id,
-                    round.as_mut(),
-                )
-                .await
-            {
-                Ok(Approval::Granted) => {}
-                Ok(Approval::Ask(asked)) => return Ok(CallToolResponse::InputRequired(asked)),
-                Err(refusal) => return Ok(tool_error(&refusal).completed().into()),
-            }
-        }
+        let round = self.round(&context, key, carried)?;
         let (downstream, attachment) = self
             .attachment(&context, round.as_ref())
             .map_or((None, None), |(peer, attachment)| {
@@ -1047,76 +834,78 @@ impl ServerHandler for GatewayServer {
                 .peer_info()
                 .map(|info| info.capabilities.clone()),
         };
-        let mut call = CallContext {
+        let call = CallContext {
             request_id: request.request_id.clone(),
-            session_id: request.session_id.clone(),
             relay: CallOptions {
-                meta,
+                meta: Some(meta),
                 attachment,
-                session: None,
+                session: request.session.clone(),
                 input: round.as_ref().and_then(Round::upstream_input),
                 client_capabilities,
             },
             artifacts_owner: None,
             caller: Some(request.caller.clone()),
-            session_kind: SessionKind::Gateway,
+            // A server of 2026-07-28 that asks by `input_required`: a
+            // session's client is asked on its session; a client without
+            // one gets the question passed on (below).
+            input_from: match &round {
+                None => downstream.clone().map(|peer| peer as Arc<dyn CallPeer>),
+                Some(_) => None,
+            },
         };
-        let runner = &self.shared.runner;
-        let mut asked_rounds = 0;
-        let done = loop {
-            let run = async {
-                Ok(if approved {
-                    runner
-                        .execute(&request.task, &call, &tool, arguments.clone(), started)
-                        .await
-                } else {
-                    runner
-                        .run(&request.task, &call, &tool, arguments.clone(), started)
-                        .await
-                })
-            };
-            // A client's `notifications/cancelled` fires `ct`: dropping the
-            // call cancels it on the server and frees its slot once the
-            // server is done.
-            let done = tokio::select! {
-                done = in_round(round.as_ref(), run) => done?,
-                () = context.ct.cancelled() => {
-                    return Err(ErrorData::internal_error("request cancelled by the client", None));
-                }
-            };
-            let done = match done {
-                Settled::Done(done) => done,
-                Settled::InputRequired(asked) => {
-                    return Ok(CallToolResponse::InputRequired(asked));
-                }
-            };
-            // A server of 2026-07-28 asked itself: a client without a session
-            // gets its question as it is; a session's client is asked here
-            // and the call repeated with the answers.
-            let Err(CallError::Mcp(McpError::InputRequired(asked))) = &done else {
-                break done;
-            };
-            if let Some(round) = &round {
-                return Ok(CallToolResponse::InputRequired(
-                    round.pass_on(asked.as_ref().clone()),
+        let asker = AskInProtocol {
+            context: &context,
+            named: named_approval,
+            round: round.as_ref(),
+        };
+        let run = self.shared.runner.call(
+            &request.task,
+            &call,
+            Call {
+                name: &params.name,
+                arguments,
+                lookup,
+                approval: ApprovalFlow::Ask(&asker),
+            },
+        );
+        // A client's `notifications/cancelled` fires `ct`: dropping the call
+        // cancels it on the server and frees its slot once the server is done.
+        let done = tokio::select! {
+            done = in_round(round.as_ref(), async { Ok(run.await) }) => done?,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error("request cancelled by the client", None));
+            }
+        };
+        let done = match done {
+            Settled::Done(done) => done,
+            Settled::InputRequired(asked) => return Ok(CallToolResponse::InputRequired(asked)),
+        };
+        match &done {
+            // The approval's question.
+            Err(CallError::Asking(asked)) => {
+                return Ok(CallToolResponse::InputRequired(asked.as_ref().clone()));
+            }
+            Err(CallError::PolicyDenied(_)) => {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool {:?}", params.name),
+                    None,
                 ));
             }
-            let Some(peer) = downstream
-                .as_ref()
-                .filter(|_| asked_rounds < MAX_ASKED_ROUNDS)
-            else {
-                break done;
-            };
-            asked_rounds += 1;
-            match answer_on_session(peer, asked).await {
-                Some(input) => call.relay.input = Some(input),
-                None => break done,
+            // A server of 2026-07-28 asked itself: a client without a
+            // session gets its question as it is.
+            Err(CallError::Mcp(McpError::InputRequired(asked))) => {
+                if let Some(round) = &round {
+                    return Ok(CallToolResponse::InputRequired(
+                        round.pass_on(asked.as_ref().clone()),
+                    ));
+                }
             }
-        };
-        // A server of 2026-07-28 that refused the call for a capability the
-        // client lacks: the client hears it as the server said it.
-        if let Err(CallError::Mcp(McpError::CapabilityRequired(refusal))) = &done {
-            return Err(refusal.as_ref().clone());
+            // A server of 2026-07-28 that refused the call for a capability
+            // the client lacks: the client hears it as the server said it.
+            Err(CallError::Mcp(McpError::CapabilityRequired(refusal))) => {
+                return Err(refusal.as_ref().clone());
+            }
+            _ => {}
         }
         // A call that failed after its server was refused what the client
         // did not declare failed for want of that capability.

@@ -27,13 +27,13 @@ pub async fn completions(
     Body(body): Body,
 ) -> Response {
     let started = Instant::now();
-    let context = CallContext {
+    let context = CallContext::new(
         request_id,
-        session_id,
-        artifacts_owner: Some(caller.clone()),
-        caller: Some(caller),
-        ..Default::default()
-    };
+        caller,
+        &task,
+        session_id.map(|id| (quiver_mcp::leases::SessionKind::Api, id)),
+    )
+    .keeping_artifacts();
     let chat = Chat {
         snapshot: state.snapshot,
         runner: state.runner,
@@ -49,7 +49,7 @@ pub async fn completions(
     tracing::info!(
         target: "quiver::audit",
         request_id = %context.request_id,
-        session_id = context.session_id.as_deref().unwrap_or(""),
+        session_id = context.session_id(),
         task = %task.name,
         status = status.as_u16(),
         duration_ms = started.elapsed().as_millis() as u64,

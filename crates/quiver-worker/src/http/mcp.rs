@@ -1,24 +1,36 @@
 //! The MCP endpoints (docs/reference.md §13.4): `/mcp` and `/mcp/{server_id}`,
-//! streamable HTTP (POST, GET, DELETE), served by [`crate::gateway`].
+//! streamable HTTP (POST, GET, DELETE): the whole HTTP edge, before the
+//! gateway (`crate::gateway`) serves what passed it.
 //!
 //! In order: `Host`/`Origin` (DNS-rebinding protection, 403), the caller's
 //! bearer token as on the tool API (401 with the `WWW-Authenticate` header
 //! the MCP authorization spec asks for, pointing at the protected-resource
-//! metadata), then the gateway.
+//! metadata), a POST body read within its limit and judged as one JSON-RPC
+//! message (the transport spec's -32700/-32600, nesting bounded before any
+//! parser recurses), an `initialize` or `server/discover` at an endpoint
+//! that would serve the caller nothing refused (404); then the gateway.
+//! Every answer is counted in `mcp_gateway_requests_total`.
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use quiver_mcp::ErrorCode;
+use quiver_model::policy::server_selected;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::ErrorObject;
 use crate::gateway::scope::Scope;
 use crate::gateway::server::GatewayRequest;
+use crate::gateway::{Posted, jsonrpc_error};
 use crate::http::error::ApiError;
 use crate::http::extract::{self, RequestId};
 use crate::http::state::ApiState;
+
+/// JSON nested deeper than this is refused at the edge (-32700), before
+/// any parser recurses into it.
+pub const MAX_JSON_DEPTH: usize = 64;
 
 /// Path of the protected-resource metadata (RFC 9728) of the MCP endpoints.
 pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -64,13 +76,18 @@ fn origin_of(request: &Request) -> String {
 }
 
 async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
+    let http_method = request.method().clone();
+    let (rpc_method, response) = admit(state, scope, request).await;
+    count(&http_method, &rpc_method, response)
+}
+
+/// The edge's checks, then the gateway; the JSON-RPC method (empty when
+/// none was read) and the answer.
+async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Response) {
     if let Err(refused) = state.rebinding.check(request.headers()) {
         tracing::warn!(error = %refused, "mcp request refused");
-        return ApiError::from(ErrorObject::new(
-            ErrorCode::ForbiddenOrigin,
-            refused.to_string(),
-        ))
-        .into_response();
+        let error = ErrorObject::new(ErrorCode::ForbiddenOrigin, refused.to_string());
+        return (String::new(), ApiError::from(error).into_response());
     }
     let authorization = request
         .headers()
@@ -91,7 +108,7 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
                         .insert(header::WWW_AUTHENTICATE, challenge);
                 }
             }
-            return response;
+            return (String::new(), response);
         }
     };
     let gateway_request = GatewayRequest {
@@ -99,11 +116,341 @@ async fn serve(state: ApiState, scope: Scope, request: Request) -> Response {
         caller: caller.id,
         scope,
         request_id: RequestId::of(request.headers()),
-        session_id: None,
+        session: None,
     };
     let (parts, body) = request.into_parts();
-    state
+    // POST bodies are read here (bounded) for the method and, for
+    // `initialize`, the protocol version the session id will carry.
+    let (body, posted) = if parts.method == axum::http::Method::POST {
+        let limit = state.gateway.max_request_bytes();
+        let bytes = match axum::body::to_bytes(Body::new(body), limit).await {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                let error = ErrorObject::new(
+                    ErrorCode::PayloadTooLarge,
+                    format!("request body over {limit} bytes"),
+                );
+                return (String::new(), ApiError::from(error).into_response());
+            }
+        };
+        match jsonrpc_envelope(&bytes) {
+            Ok(posted) => (Body::from(bytes), Some(posted)),
+            Err(refused) => return (String::new(), refused),
+        }
+    } else {
+        (Body::new(body), None)
+    };
+    let rpc_method = posted
+        .as_ref()
+        .map(|posted| posted.method.clone())
+        .unwrap_or_default();
+    if matches!(rpc_method.as_str(), "initialize" | "server/discover")
+        && let Err(refused) = check_scope(&state, &gateway_request)
+    {
+        return (rpc_method, refused);
+    }
+    let response = state
         .gateway
-        .handle(gateway_request, Request::from_parts(parts, Body::new(body)))
-        .await
+        .handle(gateway_request, posted, Request::from_parts(parts, body))
+        .await;
+    (rpc_method, response)
+}
+
+/// Refuses an `initialize` (or `server/discover`) at an endpoint that
+/// would serve the caller nothing: `/mcp/{id}` or `/mcp?server_ids=…`
+/// naming only servers that are absent or that the caller's task does not
+/// select (404, naming them); no session is created.
+#[expect(clippy::result_large_err, reason = "the error is the response itself")]
+fn check_scope(state: &ApiState, request: &GatewayRequest) -> Result<(), Response> {
+    let named: Vec<&String> = match &request.scope {
+        Scope::Server(id) => vec![id],
+        Scope::Catalog {
+            server_ids: Some(ids),
+        } => ids.iter().collect(),
+        Scope::Catalog { server_ids: None } => return Ok(()),
+    };
+    let snapshot = state.snapshot.current();
+    let available = |id: &String| {
+        snapshot
+            .get(id)
+            .is_some_and(|server| server_selected(&server.spec, &request.task.policy, None).is_ok())
+    };
+    if named.iter().any(|id| available(id)) {
+        return Ok(());
+    }
+    let error = ErrorObject::new(
+        ErrorCode::NotFound,
+        format!(
+            "no server available to this caller at this endpoint: {}",
+            named
+                .iter()
+                .map(|id| format!("{id:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    Err(ApiError::from(error).into_response())
+}
+
+/// Counts a request in `mcp_gateway_requests_total`.
+fn count(http_method: &axum::http::Method, rpc_method: &str, response: Response) -> Response {
+    // Methods are the client's strings: only the protocol's names become
+    // labels, so a client cannot grow the metric without bound.
+    let method = match rpc_method {
+        "" => http_method.as_str(),
+        known if MCP_METHODS.contains(&known) => known,
+        _ => "other",
+    };
+    metrics::counter!(
+        "mcp_gateway_requests_total",
+        "method" => method.to_owned(),
+        "status" => response.status().as_u16().to_string()
+    )
+    .increment(1);
+    response
+}
+
+/// The protocol's method names (labels of `mcp_gateway_requests_total`).
+const MCP_METHODS: &[&str] = &[
+    "initialize",
+    "server/discover",
+    "subscriptions/listen",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+];
+
+/// The part of a JSON-RPC message the edge looks at, read in one pass
+/// without building the message (rmcp parses it after).
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a str>,
+    #[serde(borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    result: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    params: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a serde_json::value::RawValue>,
+}
+
+/// How deep `body` nests arrays and objects (outside strings), counting
+/// no further than `limit + 1`.
+fn json_depth(body: &[u8], limit: usize) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in body {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+                if deepest > limit {
+                    return deepest;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// Whether a JSON-RPC id is one MCP allows: a string or an integer.
+fn valid_id(id: &serde_json::value::RawValue) -> bool {
+    let text = id.get();
+    (text.starts_with('"') && serde_json::from_str::<String>(text).is_ok())
+        || serde_json::from_str::<i64>(text).is_ok()
+}
+
+#[derive(Deserialize)]
+struct InitializeParams {
+    #[serde(rename = "protocolVersion")]
+    protocol_version: Option<String>,
+}
+
+/// What a POST body says, or the JSON-RPC error the transport spec
+/// prescribes for it: -32700 for a body that is not JSON, -32600 for JSON
+/// that is not one JSON-RPC 2.0 message (batches were removed in 2025-06-18).
+#[expect(clippy::result_large_err, reason = "the error is the response itself")]
+fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
+    let invalid = |detail: &str| {
+        jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32600,
+            &format!("Invalid Request: {detail}"),
+        )
+    };
+    let parse_error = |detail: &str| {
+        jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32700,
+            &format!("Parse error: {detail}"),
+        )
+    };
+    // Depth first: no parser (ours or rmcp's) recurses into a hostile body.
+    if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+        return Err(parse_error(&format!(
+            "JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        )));
+    }
+    let envelope: Envelope<'_> = match serde_json::from_slice(body) {
+        Ok(envelope) => envelope,
+        // Valid JSON of another shape (an array, a number, fields of the
+        // wrong type) is an invalid request; anything else a parse error.
+        Err(err) if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() => {
+            return Err(invalid(&err.to_string()));
+        }
+        Err(err) => return Err(parse_error(&err.to_string())),
+    };
+    if envelope.jsonrpc != Some("2.0")
+        || (envelope.method.is_none() && envelope.result.is_none() && envelope.error.is_none())
+    {
+        return Err(invalid("the body must be one JSON-RPC 2.0 message"));
+    }
+    // A request or a result names its id: a string or an integer (MCP: not
+    // null); an error may carry a null id (JSON-RPC 2.0 §5).
+    let null_allowed = envelope.error.is_some() && envelope.method.is_none();
+    match envelope.id {
+        Some(id) if id.get() == "null" && null_allowed => {}
+        Some(id) if !valid_id(id) => {
+            return Err(invalid("id must be a string or an integer"));
+        }
+        None if envelope.method.is_none() => {
+            return Err(invalid("a response must carry the id of its request"));
+        }
+        _ => {}
+    }
+    // The whole message as the transport will read it: what it cannot
+    // read is refused here with the JSON-RPC error, not by the transport
+    // as an unsupported media type.
+    if let Err(err) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(body) {
+        return Err(invalid(&err.to_string()));
+    }
+    let method = envelope.method.map(|m| m.into_owned()).unwrap_or_default();
+    let protocol_version = (method == "initialize")
+        .then_some(envelope.params)
+        .flatten()
+        .and_then(|params| serde_json::from_str::<InitializeParams>(params.get()).ok())
+        .and_then(|params| params.protocol_version);
+    Ok(Posted {
+        method,
+        protocol_version,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code_of(body: &str) -> Option<u16> {
+        jsonrpc_envelope(body.as_bytes())
+            .err()
+            .map(|response| response.status().as_u16())
+    }
+
+    #[test]
+    fn post_bodies_are_judged_in_one_pass() {
+        let posted = jsonrpc_envelope(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{}}}"#,
+        )
+        .unwrap_or_else(|_| panic!("initialize refused"));
+        assert_eq!(posted.method, "initialize");
+        assert_eq!(posted.protocol_version.as_deref(), Some("2025-06-18"));
+        let call = jsonrpc_envelope(
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":{"protocolVersion":1}}}"#,
+        )
+        .unwrap_or_else(|_| panic!("tools/call refused"));
+        assert_eq!(
+            (call.method.as_str(), call.protocol_version),
+            ("tools/call", None)
+        );
+        assert!(jsonrpc_envelope(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_ok());
+        for bad in ["{not json", "", "[1"] {
+            assert_eq!(code_of(bad), Some(400), "{bad}");
+        }
+        for invalid in [
+            "[]",
+            "42",
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","method":7}"#,
+        ] {
+            assert_eq!(code_of(invalid), Some(400), "{invalid}");
+        }
+    }
+
+    fn rpc_code_of(body: &str) -> (u16, i64) {
+        let response = jsonrpc_envelope(body.as_bytes())
+            .err()
+            .unwrap_or_else(|| panic!("{body} accepted"));
+        let status = response.status().as_u16();
+        let bytes =
+            futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 16))
+                .expect("body");
+        let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON error");
+        (status, body["error"]["code"].as_i64().unwrap_or_default())
+    }
+
+    #[test]
+    fn bad_ids_and_deep_nesting_are_refused_with_their_jsonrpc_codes() {
+        for bad_id in [
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":[1],"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":true,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":7}"#,
+        ] {
+            assert_eq!(rpc_code_of(bad_id), (400, -32600), "{bad_id}");
+        }
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"x","arguments":{{"a":{}1{}}}}}}}"#,
+            "[".repeat(5_000),
+            "]".repeat(5_000)
+        );
+        assert_eq!(rpc_code_of(&deep), (400, -32700));
+        // Brackets inside strings do not count.
+        let quoted = format!(
+            r#"{{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{{"name":"x","arguments":{{"s":"{}\"{}"}}}}}}"#,
+            "[".repeat(5_000),
+            "{".repeat(10)
+        );
+        assert!(jsonrpc_envelope(quoted.as_bytes()).is_ok());
+        for fine in [
+            r#"{"jsonrpc":"2.0","id":"x","method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":-3,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        ] {
+            assert!(jsonrpc_envelope(fine.as_bytes()).is_ok(), "{fine}");
+        }
+    }
 }

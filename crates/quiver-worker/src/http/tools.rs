@@ -8,13 +8,15 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use quiver_mcp::leases::SessionKind;
 use quiver_mcp::{ErrorCode, McpError};
 use quiver_model::policy::{SessionFilter, check_session_within_task};
 use quiver_model::tool_search::{DEFAULT_MAX_TOOLS, MAX_TOOLS_LIMIT};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::call::{CallContext, CallError, ToolCall};
+use crate::approval::ApprovalFlow;
+use crate::call::{Call, CallContext, CallError, Lookup};
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;
 use crate::http::extract::{Body, Caller, CallerKey, Query, RequestId, SessionId};
@@ -28,6 +30,21 @@ pub struct ToolsQuery {
     query: Option<String>,
     /// With `query`: how many matches at most.
     limit: Option<u32>,
+}
+
+/// The body of `POST /v1/mcp/tools/call`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallBody {
+    /// Injected name (or `mcp.<server_id>.<tool_name>`).
+    name: String,
+    /// Tool arguments: a JSON object; absent or null means `{}`.
+    #[serde(default)]
+    arguments: Option<Value>,
+    /// An approval of exactly this call, for a tool that needs one
+    /// (docs/reference.md §13.7).
+    #[serde(default)]
+    approval_id: Option<String>,
 }
 
 /// `GET /v1/mcp/tools`.
@@ -98,23 +115,33 @@ pub async fn call(
     SessionId(session_id): SessionId,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let request: ToolCall = serde_json::from_slice(&body).map_err(|err| {
+    let request: CallBody = serde_json::from_slice(&body).map_err(|err| {
         ErrorObject::new(
             ErrorCode::InvalidRequest,
             format!("body must be {{\"name\": string, \"arguments\": object}}: {err}"),
         )
     })?;
     let started = Instant::now();
-    let context = CallContext {
+    let context = CallContext::new(
         request_id,
-        session_id,
-        artifacts_owner: Some(caller.clone()),
-        caller: Some(caller),
-        ..Default::default()
+        caller,
+        &task,
+        session_id.map(|id| (SessionKind::Api, id)),
+    )
+    .keeping_artifacts();
+    let snapshot = state.snapshot.current();
+    let call = Call {
+        name: &request.name,
+        arguments: request.arguments,
+        lookup: Lookup::Injected {
+            snapshot: &snapshot,
+            session: None,
+        },
+        approval: ApprovalFlow::RequestOrUse(request.approval_id.as_deref()),
     };
     let done = state
         .runner
-        .call(&state.snapshot.current(), &task, &context, &request)
+        .call(&task, &context, call)
         .await
         .map_err(|err| {
             // Argument errors may quote the caller's values (secrets among
