@@ -172,7 +172,11 @@ impl Gateway {
         let mut config = StreamableHttpServerConfig::default()
             .disable_allowed_hosts()
             .with_cancellation_token(shutdown.child_token())
-            .with_max_request_body_bytes(options.max_request_bytes);
+            .with_max_request_body_bytes(options.max_request_bytes)
+            // A 2026-07-28 request answered by its result alone gets it as
+            // JSON, without an SSE stream; one whose handler sends anything
+            // first (progress, logs) still gets a stream.
+            .with_json_response(true);
         config.session_store = Some(store.clone());
         let factory_shared = shared.clone();
         let manager = Arc::new(manager);
