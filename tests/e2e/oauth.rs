@@ -36,7 +36,7 @@ pub(crate) struct OAuthServer {
     child: Child,
     /// Its base URL (the issuer).
     pub(crate) base: String,
-    mcp: String,
+    pub(crate) mcp: String,
     pub(crate) http: reqwest::Client,
 }
 
@@ -85,7 +85,7 @@ impl OAuthServer {
             .expect("stats json")
     }
 
-    async fn admin(&self, path: &str, body: Value) {
+    pub(crate) async fn admin(&self, path: &str, body: Value) {
         let response = self
             .http
             .post(format!("{}/admin/{path}", self.base))
@@ -100,7 +100,7 @@ impl OAuthServer {
     }
 
     /// Every access and refresh token the server issued.
-    async fn issued_tokens(&self) -> Vec<String> {
+    pub(crate) async fn issued_tokens(&self) -> Vec<String> {
         let body: Value = self
             .http
             .get(format!("{}/admin/tokens", self.base))
@@ -125,11 +125,32 @@ impl Drop for OAuthServer {
 }
 
 /// A fresh sealing key, as `--oauth-keys` takes it.
-fn oauth_keys() -> String {
+pub(crate) fn oauth_keys() -> String {
     let key: [u8; 32] = rand::random();
     format!(
         "e2e:{}",
         base64::engine::general_purpose::STANDARD.encode(key)
+    )
+}
+
+/// Two registry replicas on `db`, sharing their OAuth keys.
+pub(crate) async fn replicas(
+    db: &quiver_testkit::postgres::TestDatabase,
+) -> (RegistryProcess, RegistryProcess) {
+    let keys = oauth_keys();
+    let args = [
+        "--database-url",
+        db.url(),
+        "--admin-token",
+        ADMIN,
+        "--worker-token",
+        WORKER,
+        "--oauth-keys",
+        keys.as_str(),
+    ];
+    (
+        RegistryProcess::start(&args).await,
+        RegistryProcess::start(&args).await,
     )
 }
 
@@ -157,7 +178,7 @@ async fn sqlite_registry_with(extra: &[&str]) -> (tempfile::TempDir, RegistryPro
     (dir, registry)
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -165,7 +186,7 @@ fn client() -> reqwest::Client {
 }
 
 /// `method /admin/api/oauth/connections/{name}{suffix}` with the admin token.
-async fn oauth_api(
+pub(crate) async fn oauth_api(
     registry: &RegistryProcess,
     method: reqwest::Method,
     suffix: &str,
@@ -189,7 +210,7 @@ async fn oauth_api(
     (status, serde_json::from_str(&text).unwrap_or(json!(text)))
 }
 
-async fn put_connection(registry: &RegistryProcess, name: &str, spec: Value) -> Value {
+pub(crate) async fn put_connection(registry: &RegistryProcess, name: &str, spec: Value) -> Value {
     let (status, body) = oauth_api(
         registry,
         reqwest::Method::PUT,
@@ -207,7 +228,7 @@ async fn view(registry: &RegistryProcess, name: &str) -> Value {
     body
 }
 
-fn oauth_record(server_id: &str, url: &str, auth_ref: &str) -> Value {
+pub(crate) fn oauth_record(server_id: &str, url: &str, auth_ref: &str) -> Value {
     json!({
         "server_id": server_id,
         "transport": "streamable_http",
@@ -227,19 +248,7 @@ async fn whoami(worker: &WorkerProcess, server_id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_broker_serves_the_fleet_refreshes_once_and_asks_for_reconsent() {
     let db = quiver_testkit::postgres::TestDatabase::create().await;
-    let keys = oauth_keys();
-    let args = [
-        "--database-url",
-        db.url(),
-        "--admin-token",
-        ADMIN,
-        "--worker-token",
-        WORKER,
-        "--oauth-keys",
-        keys.as_str(),
-    ];
-    let registry_a = RegistryProcess::start(&args).await;
-    let registry_b = RegistryProcess::start(&args).await;
+    let (registry_a, registry_b) = replicas(&db).await;
     let server = OAuthServer::start(&[]).await;
     let admin = Admin::new(&registry_a, ADMIN);
 
@@ -457,7 +466,7 @@ async fn one_broker_serves_the_fleet_refreshes_once_and_asks_for_reconsent() {
 
 /// Follows an authorization URL without a browser: the test server answers
 /// with a redirect to the registry's callback.
-async fn authorize(url: &str) -> String {
+pub(crate) async fn authorize(url: &str) -> String {
     let response = client()
         .get(url)
         .send()
@@ -508,7 +517,7 @@ async fn connect_with_cookie(
 }
 
 /// The browser's way back: GET the callback with the flow's cookie.
-async fn callback_with(callback: &str, cookie: &str) -> reqwest::Response {
+pub(crate) async fn callback_with(callback: &str, cookie: &str) -> reqwest::Response {
     client()
         .get(callback)
         .header(reqwest::header::COOKIE, cookie)

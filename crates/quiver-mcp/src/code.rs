@@ -23,6 +23,10 @@ pub enum ErrorCode {
     McpOutputTooLarge,
     /// The tool needs an approval before it runs.
     McpApprovalRequired,
+    /// The server acts as each caller (a per-user OAuth connection) and
+    /// this caller has not connected its account: `authorization_url` says
+    /// where to.
+    McpAuthorizationRequired,
     /// The approval given for the call was denied by an approver.
     McpApprovalDenied,
     /// The approval given cannot be used for this call (unknown, pending,
@@ -113,6 +117,9 @@ impl ErrorCode {
                 ("mcp_approval_required", StatusCode::FORBIDDEN, false)
             }
             ErrorCode::McpApprovalDenied => ("mcp_approval_denied", StatusCode::FORBIDDEN, false),
+            ErrorCode::McpAuthorizationRequired => {
+                ("mcp_authorization_required", StatusCode::FORBIDDEN, false)
+            }
             ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", StatusCode::FORBIDDEN, false),
             ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
             ErrorCode::McpInputRequired => ("mcp_input_required", StatusCode::CONFLICT, false),
@@ -171,7 +178,8 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 26] = [
+    const ALL: [ErrorCode; 27] = [
+        ErrorCode::McpAuthorizationRequired,
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,

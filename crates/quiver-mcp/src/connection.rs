@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, ClientServiceExt, RoleClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
 
-use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding};
+use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding, GrantRef};
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::lifecycle::Handshake;
@@ -137,6 +137,9 @@ pub struct ConnectSettings {
     /// Bearer tokens of records with `http.auth_ref` (none: such records
     /// cannot connect).
     pub credentials: Option<Arc<dyn CredentialSource>>,
+    /// The caller whose grant the connection carries when its OAuth
+    /// connection is per user (`None`: the fleet-wide grant).
+    pub principal: Option<String>,
 }
 
 /// A connected, initialized MCP client.
@@ -348,7 +351,10 @@ impl Connection {
             | Launch::LegacySse(HttpLaunch {
                 auth_ref: Some(auth_ref),
                 ..
-            }) => Some(Arc::new(GrantBinding::new(auth_ref))),
+            }) => Some(Arc::new(GrantBinding::new(GrantRef {
+                auth_ref: auth_ref.clone(),
+                principal: settings.principal.clone(),
+            }))),
             _ => None,
         };
         let attempt = async |handshake: Handshake| -> Result<_, Opening> {
@@ -372,8 +378,7 @@ impl Connection {
                     match (&http.auth_ref, &grant) {
                         (Some(auth_ref), Some(grant)) => {
                             let source = credential_source(settings, auth_ref)?;
-                            let client =
-                                BrokeredClient::new(client, source, auth_ref, grant.clone());
+                            let client = BrokeredClient::new(client, source, grant.clone());
                             let transport =
                                 StreamableHttpClientTransport::with_client(client, config);
                             (serve(client_side(), transport, &handshake).await?, None)
@@ -394,9 +399,9 @@ impl Connection {
                     // the reconnect asks for a fresh token.
                     if let (Some(auth_ref), Some(grant)) = (&http.auth_ref, &grant) {
                         let bearer = credential_source(settings, auth_ref)?
-                            .bearer(auth_ref, crate::credentials::Renewal::Current)
+                            .bearer(grant.source(), crate::credentials::Renewal::Current)
                             .await
-                            .map_err(McpError::Unavailable)?;
+                            .map_err(McpError::from)?;
                         grant.bind(&bearer).map_err(McpError::Unavailable)?;
                         let value = reqwest::header::HeaderValue::from_str(&format!(
                             "Bearer {}",

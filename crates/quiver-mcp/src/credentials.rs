@@ -8,6 +8,11 @@
 //! is sent once more with a fresh token (the source is told which token was
 //! refused, so it is refreshed rather than handed out again).
 //!
+//! An OAuth connection is fleet-wide (one grant) or per user (one grant per
+//! caller principal, R-OAUTH-8): a connection of a per-user one is opened
+//! for one principal ([`GrantRef::principal`]) and carries that principal's
+//! grant only.
+//!
 //! A connection carries one credential only: the grant it opened with. When
 //! the source's token belongs to another grant (a new consent, possibly by
 //! another person), the connection refuses to send it, marks itself stale
@@ -26,6 +31,30 @@ use rmcp::transport::streamable_http_client::{
 };
 use sha2::{Digest, Sha256};
 
+use crate::error::AuthorizationRequired;
+
+/// Which grant of an OAuth connection tokens are asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrantRef {
+    /// The OAuth connection (`http.auth_ref`).
+    pub auth_ref: String,
+    /// The caller on whose behalf: a per-user connection hands out that
+    /// principal's token; a fleet-wide one ignores it. `None`: the worker's
+    /// own business (no caller), which only a fleet-wide connection serves.
+    pub principal: Option<String>,
+}
+
+impl GrantRef {
+    /// The fleet-wide grant of `auth_ref` (or, for a per-user connection,
+    /// none: asking fails).
+    pub fn fleet(auth_ref: &str) -> Self {
+        GrantRef {
+            auth_ref: auth_ref.to_owned(),
+            principal: None,
+        }
+    }
+}
+
 /// A current access token of one OAuth connection.
 #[derive(Clone)]
 pub struct Bearer {
@@ -33,14 +62,35 @@ pub struct Bearer {
     pub token: String,
     /// The grant it belongs to (same across refreshes, new with a consent).
     pub grant_id: String,
+    /// The connection keeps one grant per caller: the token is the asking
+    /// principal's own, and so must be the connection that sends it.
+    pub per_user: bool,
 }
 
 impl std::fmt::Debug for Bearer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bearer")
             .field("grant_id", &self.grant_id)
+            .field("per_user", &self.per_user)
             .finish_non_exhaustive()
     }
+}
+
+/// Why no token can be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CredentialError {
+    /// A per-user connection and a caller without a grant: its person must
+    /// consent first.
+    #[error("{0}")]
+    AuthorizationRequired(AuthorizationRequired),
+    /// A per-user connection asked for no caller (the worker's own
+    /// business, or an anonymous caller): nobody's grant serves it.
+    #[error("{0}")]
+    NoCaller(String),
+    /// Anything else (not connected, needs re-consent, registry
+    /// unreachable); the message says which.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// Why a token is asked for again.
@@ -60,10 +110,13 @@ pub enum Renewal<'a> {
 /// Where a connection gets its bearer tokens.
 #[async_trait]
 pub trait CredentialSource: Send + Sync {
-    /// The current token of connection `auth_ref`, renewed as `renewal`
-    /// says. Errors say why no token can be had (not connected, needs
-    /// re-consent, registry unreachable).
-    async fn bearer(&self, auth_ref: &str, renewal: Renewal<'_>) -> Result<Bearer, String>;
+    /// The current token of `grant`, renewed as `renewal` says. Errors say
+    /// why no token can be had.
+    async fn bearer(
+        &self,
+        grant: &GrantRef,
+        renewal: Renewal<'_>,
+    ) -> Result<Bearer, CredentialError>;
 }
 
 /// Lowercase hex SHA-256 of a token: how a refused token is named without
@@ -78,24 +131,24 @@ pub fn token_fingerprint(token: &str) -> String {
 /// The grant one connection carries, fixed by its first token.
 #[derive(Debug)]
 pub struct GrantBinding {
-    auth_ref: String,
+    source: GrantRef,
     grant: OnceLock<String>,
     stale: OnceLock<String>,
 }
 
 impl GrantBinding {
-    /// The binding of a connection to OAuth connection `auth_ref`.
-    pub fn new(auth_ref: &str) -> Self {
+    /// The binding of a connection to `source`'s tokens.
+    pub fn new(source: GrantRef) -> Self {
         GrantBinding {
-            auth_ref: auth_ref.to_owned(),
+            source,
             grant: OnceLock::new(),
             stale: OnceLock::new(),
         }
     }
 
-    /// The OAuth connection's name.
-    pub fn auth_ref(&self) -> &str {
-        &self.auth_ref
+    /// Whose tokens the connection sends.
+    pub fn source(&self) -> &GrantRef {
+        &self.source
     }
 
     /// Why the connection must not be used any more (its credential's grant
@@ -113,61 +166,62 @@ impl GrantBinding {
         }
         let why = format!(
             "oauth connection {:?} was connected again (a new grant); this MCP session carried the previous one and is closed",
-            self.auth_ref
+            self.source.auth_ref
         );
         let _ = self.stale.set(why.clone());
         Err(why)
     }
 
     /// Whether the source's current token still belongs to this
-    /// connection's grant; a new grant marks the connection stale before a
-    /// call is sent on it. (A source that cannot answer leaves that to the
-    /// call itself.)
+    /// connection's grant; a new grant, or a grant revoked, marks the
+    /// connection stale before a call is sent on it. (A source that cannot
+    /// answer for another reason leaves that to the call itself.)
     pub async fn is_current(&self, source: &dyn CredentialSource) -> bool {
-        match source.bearer(&self.auth_ref, Renewal::Current).await {
+        match source.bearer(&self.source, Renewal::Current).await {
             Ok(bearer) => self.bind(&bearer).is_ok(),
-            Err(_) => true,
+            Err(CredentialError::AuthorizationRequired(_)) => {
+                let _ = self.stale.set(format!(
+                    "the grant of oauth connection {:?} this MCP session carried was revoked",
+                    self.source.auth_ref
+                ));
+                false
+            }
+            Err(CredentialError::Unavailable(_) | CredentialError::NoCaller(_)) => true,
         }
     }
 }
 
-/// An HTTP client sending one OAuth connection's bearer token.
+/// An HTTP client sending one grant's bearer token.
 #[derive(Clone)]
 pub struct BrokeredClient<C> {
     inner: C,
     source: Arc<dyn CredentialSource>,
-    auth_ref: Arc<str>,
     binding: Arc<GrantBinding>,
 }
 
 impl<C> BrokeredClient<C> {
-    /// Wraps `inner`; tokens of `auth_ref` come from `source`.
-    pub fn new(
-        inner: C,
-        source: Arc<dyn CredentialSource>,
-        auth_ref: &str,
-        binding: Arc<GrantBinding>,
-    ) -> Self {
+    /// Wraps `inner`; the tokens of the grant `binding` names come from
+    /// `source`.
+    pub fn new(inner: C, source: Arc<dyn CredentialSource>, binding: Arc<GrantBinding>) -> Self {
         BrokeredClient {
             inner,
             source,
-            auth_ref: auth_ref.into(),
             binding,
         }
     }
 }
 
 fn refusal<E: std::error::Error + Send + Sync + 'static>(
-    message: String,
+    message: impl std::fmt::Display,
 ) -> StreamableHttpError<E> {
-    StreamableHttpError::Auth(AuthError::OAuthError(message))
+    StreamableHttpError::Auth(AuthError::OAuthError(message.to_string()))
 }
 
 impl<C: StreamableHttpClient + Send + Sync> BrokeredClient<C> {
     async fn bearer(&self, renewal: Renewal<'_>) -> Result<Bearer, StreamableHttpError<C::Error>> {
         let bearer = self
             .source
-            .bearer(&self.auth_ref, renewal)
+            .bearer(self.binding.source(), renewal)
             .await
             .map_err(refusal)?;
         self.binding.bind(&bearer).map_err(refusal)?;

@@ -41,6 +41,35 @@ pub enum McpError {
     /// caller cannot give the input the server needs.
     #[error("the server needs the caller to declare a capability it lacks: {}", .0.message)]
     CapabilityRequired(Box<rmcp::ErrorData>),
+    /// The server acts as each caller (its OAuth connection is per user)
+    /// and this caller has no grant yet: a person must consent through the
+    /// link. The message never holds the link (it is a credential).
+    #[error("{0}")]
+    AuthorizationRequired(AuthorizationRequired),
+}
+
+/// A caller must connect its own account before the server can act as it.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "oauth connection {connection:?} acts as each caller, and {principal} has not connected its account yet: open error.authorization_url in a browser, consent, then call again"
+)]
+pub struct AuthorizationRequired {
+    /// The OAuth connection (`http.auth_ref`).
+    pub connection: String,
+    /// The caller.
+    pub principal: String,
+    /// Where the caller's person consents: absolute, single-use, bound to
+    /// the caller and the connection, expiring.
+    pub url: String,
+}
+
+impl std::fmt::Debug for AuthorizationRequired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthorizationRequired")
+            .field("connection", &self.connection)
+            .field("principal", &self.principal)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Names what the server asks for, by key and kind.
@@ -88,11 +117,26 @@ impl McpError {
             McpError::InputRequired(_) | McpError::CapabilityRequired(_) => {
                 ErrorCode::McpInputRequired
             }
+            McpError::AuthorizationRequired(_) => ErrorCode::McpAuthorizationRequired,
         }
     }
 
     /// Whether retrying the same call later may succeed.
     pub fn retryable(&self) -> bool {
         matches!(self, McpError::Unavailable(_) | McpError::Timeout(_))
+    }
+}
+
+impl From<crate::credentials::CredentialError> for McpError {
+    fn from(err: crate::credentials::CredentialError) -> Self {
+        match err {
+            crate::credentials::CredentialError::AuthorizationRequired(required) => {
+                McpError::AuthorizationRequired(required)
+            }
+            crate::credentials::CredentialError::Unavailable(message)
+            | crate::credentials::CredentialError::NoCaller(message) => {
+                McpError::Unavailable(message)
+            }
+        }
     }
 }

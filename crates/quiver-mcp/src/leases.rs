@@ -30,6 +30,11 @@ pub enum SessionKind {
     Api,
     /// An MCP session of the gateway (its id, which the worker made).
     Gateway,
+    /// Not a session: a caller's own connection to a server whose OAuth
+    /// connection is per user (R-OAUTH-8), carrying that caller's grant;
+    /// the session id is the OAuth connection's name. Every request of
+    /// the caller shares it.
+    Grant,
 }
 
 /// Whose session a per-session connection belongs to: sessions differ when

@@ -27,7 +27,7 @@ mod stdio;
 mod tools;
 
 pub use code::ErrorCode;
-pub use error::McpError;
+pub use error::{AuthorizationRequired, McpError};
 pub use pool::{
     CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,
     UpstreamInput,

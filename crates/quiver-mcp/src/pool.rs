@@ -24,10 +24,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::{ClientSide, ConnectSettings, Connection, StderrTail};
+use crate::credentials::{CredentialError, GrantRef, Renewal};
 use crate::error::McpError;
 use crate::inflight::{Answer, InFlightCall};
 use crate::launch::{EnvLookup, Launch, launch, process_env};
-use crate::leases::{LeaseLimits, Leases, SessionKey};
+use crate::leases::{LeaseLimits, Leases, SessionKey, SessionKind};
 use crate::listing::ListLimits;
 use crate::output::{OutputSize, enforce_cap};
 use crate::relay::{CallAttachment, EVENT_CHANNEL_CAPACITY, Relay, ServerEvent};
@@ -210,6 +211,10 @@ pub struct CallOptions {
     /// What the caller answers to the server's `input_required` (a call
     /// repeated after [`McpError::InputRequired`]).
     pub input: Option<UpstreamInput>,
+    /// The caller's principal (`key:<id>`, `oidc:<issuer>#<sub>`, …): a
+    /// server whose OAuth connection is per user is called with that
+    /// principal's own grant, on a connection of its own.
+    pub principal: Option<String>,
     /// What the caller can be asked (elicitation, sampling, roots): told to
     /// a server spoken to in 2026-07-28 in the request's `_meta` instead of
     /// the worker's own capabilities, so it asks only what the caller can
@@ -286,6 +291,9 @@ struct Entry {
     latencies: Mutex<std::collections::VecDeque<f64>>,
     /// A per-session lease (counted in `mcp_session_connections` while it lives).
     lease: AtomicBool,
+    /// Whose grant the entry's connection carries (a per-user OAuth
+    /// connection's lease); `None`: the fleet-wide one.
+    principal: Option<String>,
 }
 
 impl Drop for Entry {
@@ -298,8 +306,9 @@ impl Drop for Entry {
 }
 
 impl Entry {
-    fn new(server: Arc<StoredServer>, options: &PoolOptions) -> Self {
+    fn new(server: Arc<StoredServer>, options: &PoolOptions, principal: Option<String>) -> Self {
         Entry {
+            principal,
             launch: launch(&server.spec, &options.env)
                 .and_then(|launch| options.egress.check_launch(&launch).map(|()| launch)),
             calls: ArcSwap::from_pointee(call_slots(&server.spec)),
@@ -517,7 +526,7 @@ impl McpPool {
             }
             newest_revision = newest_revision.max(entry.newest_revision.load(Ordering::Relaxed));
         }
-        let entry = Arc::new(Entry::new(server.clone(), &self.inner.options));
+        let entry = Arc::new(Entry::new(server.clone(), &self.inner.options, None));
         entry
             .newest_revision
             .store(newest_revision, Ordering::Relaxed);
@@ -563,23 +572,93 @@ impl McpPool {
         }
     }
 
-    /// The entry a call runs on: the server's own, or for a per-session
-    /// server the lease of the caller's session (created on first use,
-    /// within the caps).
-    fn call_entry(
+    /// Whether `principal`'s requests of `server` need a connection of
+    /// their own, carrying the principal's grant: the server's OAuth
+    /// connection is per user. Fails when the principal has no grant yet
+    /// ([`McpError::AuthorizationRequired`]); other failures to get a
+    /// token are left to the connection, which reports them.
+    async fn per_user_grant(
+        &self,
+        server: &StoredServer,
+        principal: Option<&str>,
+    ) -> Result<bool, McpError> {
+        let (Some(auth_ref), Some(source)) = (
+            server
+                .spec
+                .http
+                .as_ref()
+                .and_then(|http| http.auth_ref.as_ref()),
+            &self.inner.options.credentials,
+        ) else {
+            return Ok(false);
+        };
+        let grant = GrantRef {
+            auth_ref: auth_ref.clone(),
+            principal: principal.map(str::to_owned),
+        };
+        match source.bearer(&grant, Renewal::Current).await {
+            Ok(bearer) => Ok(bearer.per_user),
+            // Without a caller no connection can carry a grant: fail here,
+            // not in a connect that would back off for every caller.
+            Err(
+                err @ (CredentialError::AuthorizationRequired(_) | CredentialError::NoCaller(_)),
+            ) => Err(err.into()),
+            Err(CredentialError::Unavailable(_)) => Ok(false),
+        }
+    }
+
+    /// Whether `principal` may call `server` as far as its OAuth grant
+    /// goes: [`McpError::AuthorizationRequired`] when the server's
+    /// connection is per user and the principal has not consented (other
+    /// failures to get a token are the call's to report).
+    pub async fn check_grant(
+        &self,
+        server: &StoredServer,
+        principal: Option<&str>,
+    ) -> Result<(), McpError> {
+        match self.per_user_grant(server, principal).await {
+            Err(err @ McpError::AuthorizationRequired(_)) => Err(err),
+            _ => Ok(()),
+        }
+    }
+
+    /// The entry a caller's request runs on: the server's own; for a
+    /// per-session server the lease of the caller's session; for a server
+    /// whose OAuth connection is per user the lease of the caller's own
+    /// grant (both created on first use, within the caps).
+    async fn call_entry(
         &self,
         server: &Arc<StoredServer>,
         session: Option<&SessionKey>,
+        principal: Option<&str>,
     ) -> Result<Arc<Entry>, McpError> {
-        if server.spec.isolation != Isolation::PerSession {
-            return Ok(self.entry(server));
-        }
+        let per_user = self.per_user_grant(server, principal).await?;
         let server_id = &server.spec.server_id;
-        let Some(session) = session else {
-            return Err(McpError::SessionRequired(format!(
-                "{server_id} keeps state per session (isolation = \"per_session\"): send the x-quiver-session header naming your session (on /mcp endpoints the MCP session is used)"
-            )));
+        let grant_session;
+        let session = if server.spec.isolation == Isolation::PerSession {
+            let Some(session) = session else {
+                return Err(McpError::SessionRequired(format!(
+                    "{server_id} keeps state per session (isolation = \"per_session\"): send the x-quiver-session header naming your session (on /mcp endpoints the MCP session is used)"
+                )));
+            };
+            session
+        } else if let (true, Some(principal)) = (per_user, principal) {
+            grant_session = SessionKey {
+                caller: principal.to_owned(),
+                task: String::new(),
+                kind: SessionKind::Grant,
+                session_id: server
+                    .spec
+                    .http
+                    .as_ref()
+                    .and_then(|http| http.auth_ref.clone())
+                    .unwrap_or_default(),
+            };
+            &grant_session
+        } else {
+            return Ok(self.entry(server));
         };
+        let carried = per_user.then(|| principal.map(str::to_owned)).flatten();
         let (lease, replaced) = self.inner.leases.lease(
             server_id,
             session,
@@ -587,8 +666,8 @@ impl McpPool {
             || {
                 metrics::gauge!("mcp_session_connections", "server_id" => server_id.clone())
                     .increment(1.0);
-                tracing::info!(server_id = %server_id, task = %session.task, caller = %session.caller, "per-session connection leased");
-                let entry = Entry::new(server.clone(), &self.inner.options);
+                tracing::info!(server_id = %server_id, task = %session.task, caller = %session.caller, kind = ?session.kind, "per-session connection leased");
+                let entry = Entry::new(server.clone(), &self.inner.options, carried);
                 entry.lease.store(true, Ordering::Relaxed);
                 Arc::new(entry)
             },
@@ -597,6 +676,20 @@ impl McpPool {
             retire(replaced, Arc::downgrade(&self.inner));
         }
         Ok(lease)
+    }
+
+    /// Ends `principal`'s own connections carrying its grant of OAuth
+    /// connection `auth_ref` (its grant was revoked); returns how many.
+    pub fn end_grant(&self, principal: &str, auth_ref: &str) -> usize {
+        let ended = self.inner.leases.remove_where(|_, key, _| {
+            key.kind == SessionKind::Grant && key.caller == principal && key.session_id == auth_ref
+        });
+        let count = ended.len();
+        let pool = Arc::downgrade(&self.inner);
+        for entry in ended {
+            retire(entry, pool.clone());
+        }
+        count
     }
 
     /// Ends the per-session connections of `session` (every server; only
@@ -683,6 +776,7 @@ impl McpPool {
             protocol: entry.server.load().spec.protocol,
             egress: self.inner.options.egress.clone(),
             credentials: self.inner.options.credentials.clone(),
+            principal: entry.principal.clone(),
         };
         let server_id = &entry.server_id();
         let side = ClientSide {
@@ -753,6 +847,7 @@ impl McpPool {
     pub async fn list_tools_within(
         &self,
         server: &Arc<StoredServer>,
+        principal: Option<&str>,
         wait: Duration,
     ) -> Result<Arc<Vec<Tool>>, McpError> {
         // The steady state: answered from the cache, no task needed.
@@ -761,7 +856,8 @@ impl McpPool {
         }
         let listing = {
             let (pool, server) = (self.clone(), server.clone());
-            tokio::spawn(async move { pool.list_tools(&server).await })
+            let principal = principal.map(str::to_owned);
+            tokio::spawn(async move { pool.list_tools_for(&server, principal.as_deref()).await })
         };
         match tokio::time::timeout(wait, listing).await {
             Ok(Ok(listed)) => listed,
@@ -785,7 +881,55 @@ impl McpPool {
     /// concurrent misses sharing one fetch (R-MCP-4). Follows pagination
     /// within the pool's listing limits (`max_list_pages`, …).
     pub async fn list_tools(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {
-        let entry = self.entry(server);
+        self.list_tools_for(server, None).await
+    }
+
+    /// [`list_tools`](Self::list_tools) for `principal`. A server whose
+    /// OAuth connection is per user is listed through the principal's own
+    /// connection, and its listing kept on the server's entry too: a
+    /// server's tools are the server's, so a caller without a grant is
+    /// offered them as another caller's connection listed them (calling
+    /// one then asks it to consent); before anyone listed them, its
+    /// listing fails with [`McpError::AuthorizationRequired`].
+    pub async fn list_tools_for(
+        &self,
+        server: &Arc<StoredServer>,
+        principal: Option<&str>,
+    ) -> Result<Arc<Vec<Tool>>, McpError> {
+        let shared = self.entry(server);
+        let options = &self.inner.options;
+        let entry = if server.spec.isolation == Isolation::PerSession {
+            // Listing needs no session: the server's own connection lists.
+            shared.clone()
+        } else {
+            if let Some(Ok(listed)) = shared
+                .tools
+                .lookup(options.tools_ttl, options.tools_negative_ttl)
+            {
+                metrics::counter!("mcp_tools_list_cache_hits_total", "server_id" => shared.server_id())
+                    .increment(1);
+                return Ok(listed);
+            }
+            self.call_entry(server, None, principal).await?
+        };
+        if !Arc::ptr_eq(&entry, &shared) {
+            let listed = self.list_entry_tools(&entry).await?;
+            let kept = listed.clone();
+            let _ = shared
+                .tools
+                .get_or_fetch(options.tools_ttl, options.tools_negative_ttl, async move {
+                    Ok(kept)
+                })
+                .await;
+            return Ok(listed);
+        }
+        self.list_entry_tools(&entry).await
+    }
+
+    /// The tools of `entry`'s server through its connection (see
+    /// [`list_tools`](Self::list_tools)).
+    async fn list_entry_tools(&self, entry: &Arc<Entry>) -> Result<Arc<Vec<Tool>>, McpError> {
+        let entry = entry.clone();
         let options = &self.inner.options;
         let fetched = std::sync::atomic::AtomicBool::new(false);
         let fetch = {
@@ -871,7 +1015,13 @@ impl McpPool {
         started: Instant,
         options: CallOptions,
     ) -> Result<CallOutcome, McpError> {
-        let entry = self.call_entry(server, options.session.as_ref())?;
+        let entry = self
+            .call_entry(
+                server,
+                options.session.as_ref(),
+                options.principal.as_deref(),
+            )
+            .await?;
         let budgets = entry.server.load().spec.budgets;
         let timeout = Duration::from_millis(budgets.tool_timeout_ms);
         let server_id = entry.server_id();
@@ -1028,6 +1178,7 @@ impl McpPool {
         &self,
         server: &Arc<StoredServer>,
         session: Option<&SessionKey>,
+        principal: Option<&str>,
         attachment: Option<CallAttachment>,
         request: F,
     ) -> Result<T, ForwardError>
@@ -1037,7 +1188,7 @@ impl McpPool {
         Fut: std::future::Future<Output = Result<T, ServiceError>>,
     {
         let started = Instant::now();
-        let entry = self.call_entry(server, session)?;
+        let entry = self.call_entry(server, session, principal).await?;
         let budgets = entry.server.load().spec.budgets;
         let timeout = Duration::from_millis(budgets.tool_timeout_ms);
         let answer = tokio::time::timeout(timeout, async {

@@ -158,6 +158,8 @@ pub async fn probe_with_egress(
         protocol: spec.protocol,
         egress: egress.clone(),
         credentials: credentials.clone(),
+        // A probe acts for nobody: fleet-wide grants only.
+        principal: None,
     };
     let timeout = |step, stderr_tail| ProbeError::Timeout {
         step,

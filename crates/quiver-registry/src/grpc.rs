@@ -27,6 +27,7 @@ use crate::approvals::ApprovalRequest;
 use crate::auth::{Need, Role};
 use crate::error::RegistryError;
 use crate::feed::WatchEvent;
+use crate::oauth::broker::Issued;
 use crate::state::RegistryState;
 use crate::workers::{ServerHealth, WorkerStatus};
 
@@ -632,17 +633,103 @@ impl McpOAuthService for GrpcOAuthService {
                 .into());
             }
         };
-        let token = self
+        let principal = principal_of(&body.principal)?;
+        let issued = self
             .inner
             .state
             .oauth
-            .access_token_for(&body.auth_ref, renewal, &actor)
+            .access_token_for(&body.auth_ref, principal, renewal, &actor)
             .await?;
-        Ok(Response::new(pb::GetAccessTokenResponse {
-            access_token: token.access_token,
-            expires_at_ms: unix_millis(token.expires_at),
-            refresh_at_ms: unix_millis(token.refresh_at),
-            grant_id: token.grant_id,
+        Ok(Response::new(match issued {
+            Issued::Token(token) => pb::GetAccessTokenResponse {
+                access_token: token.access_token,
+                expires_at_ms: unix_millis(token.expires_at),
+                refresh_at_ms: unix_millis(token.refresh_at),
+                grant_id: token.grant_id,
+                per_user: token.per_user,
+                ..Default::default()
+            },
+            Issued::Consent(link) => pb::GetAccessTokenResponse {
+                per_user: true,
+                authorization_url: link.url,
+                authorization_expires_at_ms: link.expires_at.timestamp_millis(),
+                ..Default::default()
+            },
+            Issued::NoPrincipal => pb::GetAccessTokenResponse {
+                per_user: true,
+                ..Default::default()
+            },
         }))
     }
+
+    async fn list_grants(
+        &self,
+        request: Request<pb::ListGrantsRequest>,
+    ) -> Result<Response<pb::ListGrantsResponse>, Status> {
+        self.inner.role(&request, Need::Worker)?;
+        let body = request.into_inner();
+        let principal = principal_of(&body.principal)?
+            .ok_or_else(|| RegistryError::invalid("principal", "is required"))?;
+        let grants = self
+            .inner
+            .state
+            .oauth
+            .grants(None, Some(principal))
+            .await?
+            .into_iter()
+            .map(|grant| pb::OAuthGrant {
+                connection: grant.connection,
+                principal: grant.principal,
+                status: serde_json::to_value(grant.status)
+                    .ok()
+                    .and_then(|status| status.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                expires_at_ms: unix_millis(grant.expires_at),
+                connected_at_ms: unix_millis(grant.connected_at),
+                refresh_count: grant.refresh_count,
+                last_error: grant.last_error.unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListGrantsResponse { grants }))
+    }
+
+    async fn revoke_grant(
+        &self,
+        request: Request<pb::RevokeGrantRequest>,
+    ) -> Result<Response<pb::RevokeGrantResponse>, Status> {
+        let role = self.inner.role(&request, Need::Worker)?;
+        let body = request.into_inner();
+        crate::oauth::spec::check_name(&body.connection)
+            .map_err(|_| RegistryError::invalid("connection", "must name an OAuth connection"))?;
+        let principal = principal_of(&body.principal)?
+            .ok_or_else(|| RegistryError::invalid("principal", "is required"))?;
+        self.inner
+            .state
+            .oauth
+            .revoke_grant(
+                &body.connection,
+                principal,
+                &format!("{}:{principal}", role.as_str()),
+            )
+            .await?;
+        Ok(Response::new(pb::RevokeGrantResponse {}))
+    }
+}
+
+/// Longest principal a request may name.
+const MAX_PRINCIPAL_BYTES: usize = 1024;
+
+/// A request's `principal`: `None` when empty; refused naming the field
+/// when too long or holding control characters.
+fn principal_of(principal: &str) -> Result<Option<&str>, RegistryError> {
+    if principal.is_empty() {
+        return Ok(None);
+    }
+    if principal.len() > MAX_PRINCIPAL_BYTES || principal.chars().any(char::is_control) {
+        return Err(RegistryError::invalid(
+            "principal",
+            format!("must be at most {MAX_PRINCIPAL_BYTES} bytes without control characters"),
+        ));
+    }
+    Ok(Some(principal))
 }

@@ -228,7 +228,7 @@ impl Registry {
         let oauth = OAuthBroker::new(
             store.clone(),
             options.oauth.keyring.clone(),
-            format!("{}/admin/oauth/callback", public_url.trim_end_matches('/')),
+            &public_url,
             format!(
                 "registry-{}-{:08x}",
                 std::process::id(),
@@ -384,6 +384,11 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
     Router::new()
         .nest("/admin/api", crate::rest::router())
         .route("/admin/oauth/callback", get(crate::oauth::rest::callback))
+        .route(
+            "/oauth/authorize/{secret}",
+            get(crate::oauth::rest::follow_link),
+        )
+        .route("/oauth/connected", get(crate::oauth::rest::connected))
         .merge(crate::signin::router())
         .merge(crate::web::router())
         .route("/healthz", get(|| async { "ok" }))

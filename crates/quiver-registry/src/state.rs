@@ -299,7 +299,7 @@ impl RegistryState {
             approval_ttl: crate::approvals::DEFAULT_APPROVAL_TTL,
             approval_max_pending: crate::approvals::DEFAULT_MAX_PENDING_PER_CALLER,
             approval_retention: crate::approvals::DEFAULT_APPROVAL_RETENTION,
-            oauth: OAuthBroker::new(store, None, String::new(), String::new()),
+            oauth: OAuthBroker::new(store, None, "", String::new()),
             signin: Arc::new(crate::signin::SignIn::new(None, "http://localhost")),
         }
     }

@@ -355,37 +355,81 @@ impl Store for CountingStore {
     }
     async fn store_oauth_tokens(
         &self,
-        name: &str,
+        grant: quiver_store::GrantKey<'_>,
         expected_generation: u64,
         tokens: quiver_store::OAuthTokens,
     ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
         self.inner
-            .store_oauth_tokens(name, expected_generation, tokens)
+            .store_oauth_tokens(grant, expected_generation, tokens)
             .await
     }
     async fn set_oauth_needs_reconsent(
         &self,
-        name: &str,
+        grant: quiver_store::GrantKey<'_>,
         expected_generation: u64,
         error: &str,
     ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
         self.inner
-            .set_oauth_needs_reconsent(name, expected_generation, error)
+            .set_oauth_needs_reconsent(grant, expected_generation, error)
             .await
     }
-    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError> {
-        self.inner.set_oauth_error(name, error).await
+    async fn set_oauth_error(
+        &self,
+        grant: quiver_store::GrantKey<'_>,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.set_oauth_error(grant, error).await
     }
     async fn acquire_oauth_lease(
         &self,
-        name: &str,
+        grant: quiver_store::GrantKey<'_>,
         holder: &str,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.inner.acquire_oauth_lease(name, holder, ttl).await
+        self.inner.acquire_oauth_lease(grant, holder, ttl).await
     }
-    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
-        self.inner.release_oauth_lease(name, holder).await
+    async fn release_oauth_lease(
+        &self,
+        grant: quiver_store::GrantKey<'_>,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.release_oauth_lease(grant, holder).await
+    }
+    async fn get_oauth_grant(
+        &self,
+        grant: quiver_store::GrantKey<'_>,
+    ) -> Result<Option<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner.get_oauth_grant(grant).await
+    }
+    async fn list_oauth_user_grants(
+        &self,
+        connection: Option<&str>,
+        principal: Option<&str>,
+    ) -> Result<Vec<quiver_store::OAuthConnectionRow>, StoreError> {
+        self.inner
+            .list_oauth_user_grants(connection, principal)
+            .await
+    }
+    async fn delete_oauth_user_grant(
+        &self,
+        connection: &str,
+        principal: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .delete_oauth_user_grant(connection, principal)
+            .await
+    }
+    async fn create_oauth_ticket(
+        &self,
+        row: quiver_store::OAuthTicketRow,
+    ) -> Result<(), StoreError> {
+        self.inner.create_oauth_ticket(row).await
+    }
+    async fn take_oauth_ticket(
+        &self,
+        ticket_sha256: &str,
+    ) -> Result<Option<quiver_store::OAuthTicketRow>, StoreError> {
+        self.inner.take_oauth_ticket(ticket_sha256).await
     }
     async fn create_oauth_authorization(
         &self,

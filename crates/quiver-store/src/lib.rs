@@ -49,6 +49,14 @@ pub const MAX_REVISION: u64 = i64::MAX as u64;
 /// ([`Store::create_oauth_authorization`]).
 pub const MAX_PENDING_OAUTH_AUTHORIZATIONS: u64 = 1_000;
 
+/// At most this many unexpired per-user authorization links may exist at
+/// once ([`Store::create_oauth_ticket`]).
+pub const MAX_OAUTH_TICKETS: u64 = 10_000;
+
+/// At most this many unexpired authorization links one principal holds for
+/// one connection; a new one replaces the oldest.
+pub const MAX_OAUTH_TICKETS_PER_GRANT: u64 = 5;
+
 /// At most this many unexpired gateway session revocations are remembered
 /// at once ([`Store::revoke_gateway_session`]).
 pub const MAX_GATEWAY_SESSION_REVOCATIONS: u64 = 100_000;
@@ -407,13 +415,47 @@ fn sealed(value: &Option<String>) -> Sealed {
     Sealed(value.is_some())
 }
 
-/// One stored OAuth connection. The sealed fields hold what the caller
-/// encrypted; the store neither reads nor shows them (`Debug` prints
-/// `[sealed]`).
+/// Whose tokens of an OAuth connection a read or write is about: the
+/// connection's own grant (one for the fleet), or one principal's grant of a
+/// per-user connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantKey<'a> {
+    /// The connection's name.
+    pub connection: &'a str,
+    /// The principal (`key:<id>`, `oidc:<issuer>#<sub>`); `None`: the
+    /// connection's own grant.
+    pub principal: Option<&'a str>,
+}
+
+impl<'a> GrantKey<'a> {
+    /// The connection's own grant.
+    pub fn fleet(connection: &'a str) -> Self {
+        GrantKey {
+            connection,
+            principal: None,
+        }
+    }
+
+    /// `principal`'s grant of `connection`.
+    pub fn user(connection: &'a str, principal: &'a str) -> Self {
+        GrantKey {
+            connection,
+            principal: Some(principal),
+        }
+    }
+}
+
+/// One stored OAuth connection, or one principal's grant of it. The sealed
+/// fields hold what the caller encrypted; the store neither reads nor shows
+/// them (`Debug` prints `[sealed]`).
 #[derive(Clone, PartialEq)]
 pub struct OAuthConnectionRow {
     /// The connection's name (its key).
     pub name: String,
+    /// Whose grant the token fields hold: `None`, the connection's own;
+    /// `Some`, that principal's (a per-user connection; the settings and
+    /// client secret are the connection's).
+    pub principal: Option<String>,
     /// The non-secret settings as JSON text (opaque to the store).
     pub config: String,
     /// The client secret, sealed.
@@ -441,6 +483,7 @@ impl std::fmt::Debug for OAuthConnectionRow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OAuthConnectionRow")
             .field("name", &self.name)
+            .field("principal", &self.principal)
             .field("config", &self.config)
             .field("client_secret", &sealed(&self.client_secret))
             .field("credentials", &sealed(&self.credentials))
@@ -462,6 +505,9 @@ pub struct OAuthAuthorizationRow {
     pub state: String,
     /// The connection it authorizes.
     pub name: String,
+    /// The principal whose grant it authorizes (`None`: the connection's
+    /// own, started by an admin).
+    pub principal: Option<String>,
     /// The connection's generation when the flow started.
     pub generation: u64,
     /// Sealed JSON: PKCE verifier, client id…
@@ -481,12 +527,29 @@ impl std::fmt::Debug for OAuthAuthorizationRow {
         f.debug_struct("OAuthAuthorizationRow")
             .field("state", &self.state)
             .field("name", &self.name)
+            .field("principal", &self.principal)
             .field("generation", &self.generation)
             .field("payload", &Sealed(true))
             .field("created_at", &self.created_at)
             .field("expires_at", &self.expires_at)
             .finish()
     }
+}
+
+/// An authorization link handed to a principal whose call needs its
+/// consent (one-time: taking it deletes it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OAuthTicketRow {
+    /// Lowercase hex SHA-256 of the link's secret (its key).
+    pub ticket_sha256: String,
+    /// The connection it authorizes.
+    pub name: String,
+    /// The principal it is bound to.
+    pub principal: String,
+    /// When it was handed out.
+    pub created_at: DateTime<Utc>,
+    /// When it stops working.
+    pub expires_at: DateTime<Utc>,
 }
 
 /// How a config write ([`Store::put_oauth_connection`]) treats the stored
@@ -668,40 +731,80 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes an OAuth connection and its pending authorizations; `true`
     /// when it existed.
     async fn delete_oauth_connection(&self, name: &str) -> Result<bool, StoreError>;
-    /// Stores tokens (status `connected`, error cleared, generation + 1) in
-    /// one conditional update, only if the connection is still at
-    /// `expected_generation`. `None`: it changed or vanished meanwhile and
-    /// nothing was written.
+    /// Stores tokens of `grant` (status `connected`, error cleared,
+    /// generation + 1) in one conditional update, only if it is still at
+    /// `expected_generation`. A principal's first grant (`tokens.refreshed`
+    /// false) is conditional on the *connection's* generation instead (the
+    /// one its flow started under) and replaces any grant the principal
+    /// had. `None`: it changed or vanished meanwhile and nothing was
+    /// written.
     async fn store_oauth_tokens(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         tokens: OAuthTokens,
     ) -> Result<Option<OAuthConnectionRow>, StoreError>;
-    /// Marks a connection `needs_reconsent` (tokens and expiry cleared,
-    /// `error` recorded, generation + 1), only if it is still at
+    /// Marks `grant` `needs_reconsent` (tokens and expiry cleared, `error`
+    /// recorded, generation + 1), only if it is still at
     /// `expected_generation`; `None` otherwise (nothing written).
     async fn set_oauth_needs_reconsent(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         error: &str,
     ) -> Result<Option<OAuthConnectionRow>, StoreError>;
-    /// Records a transient failure: only `last_error` and `updated_at`
-    /// change (status and generation do not).
-    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError>;
-    /// Takes (or extends) the connection's lease for `ttl`: one atomic
+    /// Records a transient failure of `grant`: only `last_error` and
+    /// `updated_at` change (status and generation do not).
+    async fn set_oauth_error(&self, grant: GrantKey<'_>, error: &str) -> Result<(), StoreError>;
+    /// Takes (or extends) the lease of `grant` for `ttl`: one atomic
     /// update that succeeds when no lease is held, the held one has
     /// expired, or `holder` holds it. Of any number of concurrent callers
     /// (on any replica) with different holders, at most one gets `true`.
     async fn acquire_oauth_lease(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         holder: &str,
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError>;
     /// Releases the lease if `holder` holds it; otherwise does nothing.
-    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError>;
+    async fn release_oauth_lease(
+        &self,
+        grant: GrantKey<'_>,
+        holder: &str,
+    ) -> Result<(), StoreError>;
+    /// One grant with its connection's settings: the connection's own
+    /// ([`Store::get_oauth_connection`]) or a principal's (`None` when the
+    /// principal has none).
+    async fn get_oauth_grant(
+        &self,
+        grant: GrantKey<'_>,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError>;
+    /// Principals' grants, of one connection and/or one principal (both
+    /// `None`: every one), ordered by connection and principal.
+    async fn list_oauth_user_grants(
+        &self,
+        connection: Option<&str>,
+        principal: Option<&str>,
+    ) -> Result<Vec<OAuthConnectionRow>, StoreError>;
+    /// Deletes a principal's grant and its pending links and flows; `true`
+    /// when the grant existed.
+    async fn delete_oauth_user_grant(
+        &self,
+        connection: &str,
+        principal: &str,
+    ) -> Result<bool, StoreError>;
+    /// Stores an authorization link, after deleting every expired one and,
+    /// beyond [`MAX_OAUTH_TICKETS_PER_GRANT`] of the same principal and
+    /// connection, its oldest. Refused with [`StoreError::Limit`] when
+    /// [`MAX_OAUTH_TICKETS`] live ones exist.
+    async fn create_oauth_ticket(&self, row: OAuthTicketRow) -> Result<(), StoreError>;
+    /// Takes (deletes and returns) a link: of any number of concurrent
+    /// takers, exactly one gets it. Returned even if expired; the caller
+    /// checks `expires_at`.
+    async fn take_oauth_ticket(
+        &self,
+        ticket_sha256: &str,
+    ) -> Result<Option<OAuthTicketRow>, StoreError>;
     /// Stores a pending authorization, after deleting every expired one.
     /// Refused with [`StoreError::Limit`] when
     /// [`MAX_PENDING_OAUTH_AUTHORIZATIONS`] live ones exist.

@@ -15,6 +15,10 @@
 //!
 //! A config write is an insert-if-absent, then an update conditional on a
 //! change, then (neither matched) a read, in one write transaction.
+//!
+//! Token state lives in the connection's row for its own grant and in
+//! `oauth_user_grants` for a principal's grant of a per-user connection;
+//! the same statements serve both ([`grant_row`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -22,15 +26,36 @@ use sqlx::any::AnyRow;
 
 use crate::sql::SqlStore;
 use crate::{
-    MAX_PENDING_OAUTH_AUTHORIZATIONS, OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens,
-    SecretUpdate, StoreError,
+    GrantKey, MAX_OAUTH_TICKETS, MAX_OAUTH_TICKETS_PER_GRANT, MAX_PENDING_OAUTH_AUTHORIZATIONS,
+    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTicketRow, OAuthTokens, SecretUpdate,
+    StoreError,
 };
 
 const COLUMNS: &str = "name, config, client_secret, credentials, status, expires_at_ms, \
      generation, refresh_count, last_error, connected_at_ms, updated_at_ms";
 
 const AUTHORIZATION_COLUMNS: &str =
-    "state, name, generation, payload, created_at_ms, expires_at_ms, browser_hash";
+    "state, name, generation, payload, created_at_ms, expires_at_ms, browser_hash, principal";
+
+/// A principal's grant joined with its connection's settings, in the order
+/// of [`COLUMNS`] and then the principal.
+const USER_GRANT_COLUMNS: &str = "c.name, c.config, c.client_secret, g.credentials, g.status, \
+     g.expires_at_ms, g.generation, g.refresh_count, g.last_error, g.connected_at_ms, \
+     g.updated_at_ms, g.principal";
+
+const TICKET_COLUMNS: &str = "ticket_sha256, name, principal, created_at_ms, expires_at_ms";
+
+/// Where `grant`'s token state lives and the condition naming its row (the
+/// connection's name is `$1`; a principal, when there is one, `$n`).
+fn grant_row(grant: GrantKey<'_>, n: usize) -> (&'static str, String) {
+    match grant.principal {
+        None => ("oauth_connections", "name = $1".to_owned()),
+        Some(_) => (
+            "oauth_user_grants",
+            format!("name = $1 AND principal = ${n}"),
+        ),
+    }
+}
 
 /// $1 name, $2 config, $3 client secret (or NULL), $4 now. Returns nothing
 /// when the connection exists.
@@ -74,42 +99,131 @@ fn list_connections_sql() -> String {
 
 const DELETE_CONNECTION: &str = "DELETE FROM oauth_connections WHERE name = $1";
 const DELETE_CONNECTION_AUTHORIZATIONS: &str = "DELETE FROM oauth_authorizations WHERE name = $1";
+const DELETE_CONNECTION_USER_GRANTS: &str = "DELETE FROM oauth_user_grants WHERE name = $1";
+const DELETE_CONNECTION_TICKETS: &str = "DELETE FROM oauth_grant_tickets WHERE name = $1";
 
-/// $1 name, $2 expected generation, $3 credentials, $4 expiry, $5 now.
-fn store_tokens_sql(refreshed: bool) -> String {
+/// What a connection takes with it when its settings change or it goes:
+/// pending flows, principals' grants and their links (`$1` the name).
+const CONNECTION_DEPENDENTS: [&str; 3] = [
+    DELETE_CONNECTION_AUTHORIZATIONS,
+    DELETE_CONNECTION_USER_GRANTS,
+    DELETE_CONNECTION_TICKETS,
+];
+
+/// $1 name, $2 expected generation, $3 credentials, $4 expiry, $5 now,
+/// $6 principal (a principal's grant).
+fn store_tokens_sql(grant: GrantKey<'_>, refreshed: bool) -> String {
     let (refreshes, connected_at) = if refreshed {
         ("refresh_count + 1", "")
     } else {
         ("refresh_count", "connected_at_ms = $5, ")
     };
+    let (table, row) = grant_row(grant, 6);
     format!(
-        "UPDATE oauth_connections SET credentials = $3, status = 'connected', \
+        "UPDATE {table} SET credentials = $3, status = 'connected', \
          expires_at_ms = $4, last_error = NULL, generation = generation + 1, \
          refresh_count = {refreshes}, {connected_at}updated_at_ms = $5 \
-         WHERE name = $1 AND generation = $2 RETURNING {COLUMNS}"
+         WHERE {row} AND generation = $2 RETURNING name"
     )
 }
 
-/// $1 name, $2 expected generation, $3 error, $4 now.
-fn needs_reconsent_sql() -> String {
+/// A principal's new grant, replacing any it had, only while the
+/// connection is at the generation its flow started under: $1 name, $2 the
+/// connection's generation, $3 credentials, $4 expiry, $5 now, $6 principal.
+const STORE_NEW_USER_GRANT: &str = "INSERT INTO oauth_user_grants (name, principal, \
+     credentials, status, expires_at_ms, generation, refresh_count, last_error, connected_at_ms, \
+     updated_at_ms, lease_holder, lease_until_ms) \
+     SELECT name, $6, $3, 'connected', $4, 1, 0, NULL, $5, $5, NULL, NULL \
+     FROM oauth_connections WHERE name = $1 AND generation = $2 \
+     ON CONFLICT (name, principal) DO UPDATE SET credentials = excluded.credentials, \
+     status = 'connected', expires_at_ms = excluded.expires_at_ms, last_error = NULL, \
+     generation = oauth_user_grants.generation + 1, connected_at_ms = excluded.connected_at_ms, \
+     updated_at_ms = excluded.updated_at_ms RETURNING name";
+
+/// $1 name, $2 expected generation, $3 error, $4 now, $5 principal.
+fn needs_reconsent_sql(grant: GrantKey<'_>) -> String {
+    let (table, row) = grant_row(grant, 5);
     format!(
-        "UPDATE oauth_connections SET status = 'needs_reconsent', credentials = NULL, \
+        "UPDATE {table} SET status = 'needs_reconsent', credentials = NULL, \
          expires_at_ms = NULL, last_error = $3, generation = generation + 1, updated_at_ms = $4 \
-         WHERE name = $1 AND generation = $2 RETURNING {COLUMNS}"
+         WHERE {row} AND generation = $2 RETURNING name"
     )
 }
 
-/// $1 name, $2 error, $3 now.
-const SET_ERROR: &str =
-    "UPDATE oauth_connections SET last_error = $2, updated_at_ms = $3 WHERE name = $1";
+/// $1 name, $2 error, $3 now, $4 principal.
+fn set_error_sql(grant: GrantKey<'_>) -> String {
+    let (table, row) = grant_row(grant, 4);
+    format!("UPDATE {table} SET last_error = $2, updated_at_ms = $3 WHERE {row}")
+}
 
-/// $1 name, $2 holder, $3 lease end, $4 now.
-const ACQUIRE_LEASE: &str = "UPDATE oauth_connections SET lease_holder = $2, lease_until_ms = $3 \
-     WHERE name = $1 AND (lease_until_ms IS NULL OR lease_until_ms <= $4 OR lease_holder = $2)";
+/// $1 name, $2 holder, $3 lease end, $4 now, $5 principal.
+fn acquire_lease_sql(grant: GrantKey<'_>) -> String {
+    let (table, row) = grant_row(grant, 5);
+    format!(
+        "UPDATE {table} SET lease_holder = $2, lease_until_ms = $3 WHERE {row} \
+         AND (lease_until_ms IS NULL OR lease_until_ms <= $4 OR lease_holder = $2)"
+    )
+}
 
-/// $1 name, $2 holder.
-const RELEASE_LEASE: &str = "UPDATE oauth_connections SET lease_holder = NULL, \
-     lease_until_ms = NULL WHERE name = $1 AND lease_holder = $2";
+/// $1 name, $2 holder, $3 principal.
+fn release_lease_sql(grant: GrantKey<'_>) -> String {
+    let (table, row) = grant_row(grant, 3);
+    format!(
+        "UPDATE {table} SET lease_holder = NULL, lease_until_ms = NULL \
+         WHERE {row} AND lease_holder = $2"
+    )
+}
+
+/// Principals' grants, filtered by `$1` connection and/or the next
+/// parameter principal, as asked.
+fn list_user_grants_sql(by_connection: bool, by_principal: bool) -> String {
+    let mut conditions = Vec::new();
+    if by_connection {
+        conditions.push("g.name = $1".to_owned());
+    }
+    if by_principal {
+        conditions.push(format!("g.principal = ${}", conditions.len() + 1));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    format!(
+        "SELECT {USER_GRANT_COLUMNS} FROM oauth_user_grants g \
+         JOIN oauth_connections c ON c.name = g.name{filter} ORDER BY g.name, g.principal"
+    )
+}
+
+fn get_user_grant_sql() -> String {
+    format!(
+        "SELECT {USER_GRANT_COLUMNS} FROM oauth_user_grants g \
+         JOIN oauth_connections c ON c.name = g.name WHERE g.name = $1 AND g.principal = $2"
+    )
+}
+
+/// A principal's grant and what hangs on it ($1 name, $2 principal).
+const DELETE_USER_GRANT: &str = "DELETE FROM oauth_user_grants WHERE name = $1 AND principal = $2";
+const DELETE_USER_GRANT_TICKETS: &str =
+    "DELETE FROM oauth_grant_tickets WHERE name = $1 AND principal = $2";
+const DELETE_USER_GRANT_AUTHORIZATIONS: &str =
+    "DELETE FROM oauth_authorizations WHERE name = $1 AND principal = $2";
+
+/// $1 now.
+const PURGE_EXPIRED_TICKETS: &str = "DELETE FROM oauth_grant_tickets WHERE expires_at_ms <= $1";
+const COUNT_TICKETS: &str = "SELECT COUNT(*) FROM oauth_grant_tickets";
+/// $1 name, $2 principal: newest first.
+const OWNER_TICKETS: &str = "SELECT ticket_sha256 FROM oauth_grant_tickets \
+     WHERE name = $1 AND principal = $2 ORDER BY created_at_ms DESC, ticket_sha256";
+const DELETE_TICKET: &str = "DELETE FROM oauth_grant_tickets WHERE ticket_sha256 = $1";
+
+fn insert_ticket_sql() -> String {
+    format!("INSERT INTO oauth_grant_tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5)")
+}
+
+fn take_ticket_sql() -> String {
+    format!("DELETE FROM oauth_grant_tickets WHERE ticket_sha256 = $1 RETURNING {TICKET_COLUMNS}")
+}
 
 /// $1 now.
 const PURGE_EXPIRED_AUTHORIZATIONS: &str =
@@ -119,7 +233,7 @@ const COUNT_AUTHORIZATIONS: &str = "SELECT COUNT(*) FROM oauth_authorizations";
 fn insert_authorization_sql() -> String {
     format!(
         "INSERT INTO oauth_authorizations ({AUTHORIZATION_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
     )
 }
 
@@ -129,6 +243,17 @@ fn get_authorization_sql() -> String {
 
 fn take_authorization_sql() -> String {
     format!("DELETE FROM oauth_authorizations WHERE state = $1 RETURNING {AUTHORIZATION_COLUMNS}")
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// Binds `grant`'s principal, when it has one: the last parameter of every
+/// statement of [`grant_row`].
+fn bind_principal<'q>(query: AnyQuery<'q>, grant: GrantKey<'_>) -> AnyQuery<'q> {
+    match grant.principal {
+        Some(principal) => query.bind(principal.to_owned()),
+        None => query,
+    }
 }
 
 fn millis(at: DateTime<Utc>) -> i64 {
@@ -150,6 +275,8 @@ fn generation_param(generation: u64) -> Option<i64> {
     i64::try_from(generation).ok()
 }
 
+/// A row of [`COLUMNS`] (the connection's own grant) or of
+/// [`USER_GRANT_COLUMNS`] (a principal's).
 fn connection_from_row(row: &AnyRow) -> Result<OAuthConnectionRow, StoreError> {
     let status: String = row.try_get(4)?;
     let optional_time = |index: usize| -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -159,6 +286,11 @@ fn connection_from_row(row: &AnyRow) -> Result<OAuthConnectionRow, StoreError> {
     };
     Ok(OAuthConnectionRow {
         name: row.try_get(0)?,
+        principal: if row.len() > 11 {
+            Some(row.try_get(11)?)
+        } else {
+            None
+        },
         config: row.try_get(1)?,
         client_secret: row.try_get(2)?,
         credentials: row.try_get(3)?,
@@ -181,6 +313,17 @@ fn authorization_from_row(row: &AnyRow) -> Result<OAuthAuthorizationRow, StoreEr
         created_at: from_millis(row.try_get(4)?)?,
         expires_at: from_millis(row.try_get(5)?)?,
         browser_hash: row.try_get::<Option<String>, _>(6)?.unwrap_or_default(),
+        principal: row.try_get(7)?,
+    })
+}
+
+fn ticket_from_row(row: &AnyRow) -> Result<OAuthTicketRow, StoreError> {
+    Ok(OAuthTicketRow {
+        ticket_sha256: row.try_get(0)?,
+        name: row.try_get(1)?,
+        principal: row.try_get(2)?,
+        created_at: from_millis(row.try_get(3)?)?,
+        expires_at: from_millis(row.try_get(4)?)?,
     })
 }
 
@@ -220,11 +363,14 @@ impl SqlStore {
         }
         if let Some(row) = reset.fetch_optional(&mut *tx).await? {
             let updated = connection_from_row(&row)?;
-            // Flows started under the old settings must not complete.
-            sqlx::query(DELETE_CONNECTION_AUTHORIZATIONS)
-                .bind(name.to_owned())
-                .execute(&mut *tx)
-                .await?;
+            // Flows started under the old settings must not complete, and
+            // principals' grants were granted for them.
+            for dependents in CONNECTION_DEPENDENTS {
+                sqlx::query(dependents)
+                    .bind(name.to_owned())
+                    .execute(&mut *tx)
+                    .await?;
+            }
             tx.commit().await?;
             return Ok(updated);
         }
@@ -265,10 +411,12 @@ impl SqlStore {
 
     pub(crate) async fn oauth_delete_connection(&self, name: &str) -> Result<bool, StoreError> {
         let (mut tx, _turn) = self.begin_write_tx().await?;
-        sqlx::query(DELETE_CONNECTION_AUTHORIZATIONS)
-            .bind(name.to_owned())
-            .execute(&mut *tx)
-            .await?;
+        for dependents in CONNECTION_DEPENDENTS {
+            sqlx::query(dependents)
+                .bind(name.to_owned())
+                .execute(&mut *tx)
+                .await?;
+        }
         let deleted = sqlx::query(DELETE_CONNECTION)
             .bind(name.to_owned())
             .execute(&mut *tx)
@@ -280,86 +428,207 @@ impl SqlStore {
 
     pub(crate) async fn oauth_store_tokens(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         tokens: OAuthTokens,
     ) -> Result<Option<OAuthConnectionRow>, StoreError> {
         let Some(generation) = generation_param(expected_generation) else {
             return Ok(None);
         };
-        let sql = store_tokens_sql(tokens.refreshed);
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(name.to_owned())
+        let sql = match grant.principal {
+            Some(_) if !tokens.refreshed => STORE_NEW_USER_GRANT.to_owned(),
+            _ => store_tokens_sql(grant, tokens.refreshed),
+        };
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(grant.connection.to_owned())
             .bind(generation)
             .bind(tokens.credentials)
             .bind(tokens.expires_at.map(millis))
-            .bind(millis(Utc::now()))
+            .bind(millis(Utc::now()));
+        self.write_then_read(query, grant).await
+    }
+
+    /// Runs a conditional write of `grant` (`RETURNING` a row when it
+    /// applied) and reads the grant back; `None` when nothing was written.
+    async fn write_then_read<'q>(
+        &self,
+        query: AnyQuery<'q>,
+        grant: GrantKey<'q>,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        if bind_principal(query, grant)
             .fetch_optional(self.pool())
             .await?
-            .map(|row| connection_from_row(&row))
-            .transpose()
+            .is_none()
+        {
+            return Ok(None);
+        }
+        self.oauth_get_grant(grant).await
     }
 
     pub(crate) async fn oauth_set_needs_reconsent(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         error: &str,
     ) -> Result<Option<OAuthConnectionRow>, StoreError> {
         let Some(generation) = generation_param(expected_generation) else {
             return Ok(None);
         };
-        sqlx::query(sqlx::AssertSqlSafe(needs_reconsent_sql()))
-            .bind(name.to_owned())
+        let query = sqlx::query(sqlx::AssertSqlSafe(needs_reconsent_sql(grant)))
+            .bind(grant.connection.to_owned())
             .bind(generation)
             .bind(error.to_owned())
-            .bind(millis(Utc::now()))
+            .bind(millis(Utc::now()));
+        self.write_then_read(query, grant).await
+    }
+
+    pub(crate) async fn oauth_set_error(
+        &self,
+        grant: GrantKey<'_>,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(set_error_sql(grant)))
+            .bind(grant.connection.to_owned())
+            .bind(error.to_owned())
+            .bind(millis(Utc::now()));
+        bind_principal(query, grant).execute(self.pool()).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn oauth_acquire_lease(
+        &self,
+        grant: GrantKey<'_>,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let now = millis(Utc::now());
+        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let query = sqlx::query(sqlx::AssertSqlSafe(acquire_lease_sql(grant)))
+            .bind(grant.connection.to_owned())
+            .bind(holder.to_owned())
+            .bind(now.saturating_add(ttl))
+            .bind(now);
+        let taken = bind_principal(query, grant).execute(self.pool()).await?;
+        Ok(taken.rows_affected() > 0)
+    }
+
+    pub(crate) async fn oauth_release_lease(
+        &self,
+        grant: GrantKey<'_>,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(release_lease_sql(grant)))
+            .bind(grant.connection.to_owned())
+            .bind(holder.to_owned());
+        bind_principal(query, grant).execute(self.pool()).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn oauth_get_grant(
+        &self,
+        grant: GrantKey<'_>,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        let Some(principal) = grant.principal else {
+            return self.oauth_get_connection(grant.connection).await;
+        };
+        sqlx::query(sqlx::AssertSqlSafe(get_user_grant_sql()))
+            .bind(grant.connection.to_owned())
+            .bind(principal.to_owned())
             .fetch_optional(self.pool())
             .await?
             .map(|row| connection_from_row(&row))
             .transpose()
     }
 
-    pub(crate) async fn oauth_set_error(&self, name: &str, error: &str) -> Result<(), StoreError> {
-        sqlx::query(SET_ERROR)
-            .bind(name.to_owned())
-            .bind(error.to_owned())
-            .bind(millis(Utc::now()))
-            .execute(self.pool())
-            .await?;
-        Ok(())
+    pub(crate) async fn oauth_list_user_grants(
+        &self,
+        connection: Option<&str>,
+        principal: Option<&str>,
+    ) -> Result<Vec<OAuthConnectionRow>, StoreError> {
+        let sql = list_user_grants_sql(connection.is_some(), principal.is_some());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for value in [connection, principal].into_iter().flatten() {
+            query = query.bind(value.to_owned());
+        }
+        let rows = query.fetch_all(self.pool()).await?;
+        rows.iter().map(connection_from_row).collect()
     }
 
-    pub(crate) async fn oauth_acquire_lease(
+    pub(crate) async fn oauth_delete_user_grant(
         &self,
-        name: &str,
-        holder: &str,
-        ttl: std::time::Duration,
+        connection: &str,
+        principal: &str,
     ) -> Result<bool, StoreError> {
-        let now = millis(Utc::now());
-        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let taken = sqlx::query(ACQUIRE_LEASE)
-            .bind(name.to_owned())
-            .bind(holder.to_owned())
-            .bind(now.saturating_add(ttl))
-            .bind(now)
-            .execute(self.pool())
+        let (mut tx, _turn) = self.begin_write_tx().await?;
+        for dependents in [DELETE_USER_GRANT_TICKETS, DELETE_USER_GRANT_AUTHORIZATIONS] {
+            sqlx::query(dependents)
+                .bind(connection.to_owned())
+                .bind(principal.to_owned())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let deleted = sqlx::query(DELETE_USER_GRANT)
+            .bind(connection.to_owned())
+            .bind(principal.to_owned())
+            .execute(&mut *tx)
             .await?
             .rows_affected();
-        Ok(taken > 0)
+        tx.commit().await?;
+        Ok(deleted > 0)
     }
 
-    pub(crate) async fn oauth_release_lease(
-        &self,
-        name: &str,
-        holder: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(RELEASE_LEASE)
-            .bind(name.to_owned())
-            .bind(holder.to_owned())
-            .execute(self.pool())
+    pub(crate) async fn oauth_create_ticket(&self, row: OAuthTicketRow) -> Result<(), StoreError> {
+        let (mut tx, _turn) = self.begin_write_tx().await?;
+        sqlx::query(PURGE_EXPIRED_TICKETS)
+            .bind(millis(Utc::now()))
+            .execute(&mut *tx)
             .await?;
+        let live: i64 = sqlx::query(COUNT_TICKETS)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        if u64::try_from(live).unwrap_or(0) >= MAX_OAUTH_TICKETS {
+            tx.commit().await?;
+            return Err(StoreError::Limit(format!(
+                "at most {MAX_OAUTH_TICKETS} pending oauth authorization links"
+            )));
+        }
+        sqlx::query(sqlx::AssertSqlSafe(insert_ticket_sql()))
+            .bind(row.ticket_sha256)
+            .bind(row.name.clone())
+            .bind(row.principal.clone())
+            .bind(millis(row.created_at))
+            .bind(millis(row.expires_at))
+            .execute(&mut *tx)
+            .await?;
+        // One principal asking again and again replaces its own links.
+        let owned = sqlx::query(OWNER_TICKETS)
+            .bind(row.name)
+            .bind(row.principal)
+            .fetch_all(&mut *tx)
+            .await?;
+        let keep = usize::try_from(MAX_OAUTH_TICKETS_PER_GRANT).unwrap_or(usize::MAX);
+        for surplus in owned.iter().skip(keep) {
+            let sha: String = surplus.try_get(0)?;
+            sqlx::query(DELETE_TICKET)
+                .bind(sha)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+
+    pub(crate) async fn oauth_take_ticket(
+        &self,
+        ticket_sha256: &str,
+    ) -> Result<Option<OAuthTicketRow>, StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(take_ticket_sql()))
+            .bind(ticket_sha256.to_owned())
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| ticket_from_row(&row))
+            .transpose()
     }
 
     pub(crate) async fn oauth_create_authorization(
@@ -393,6 +662,7 @@ impl SqlStore {
             .bind(millis(row.created_at))
             .bind(millis(row.expires_at))
             .bind(row.browser_hash)
+            .bind(row.principal)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

@@ -29,9 +29,10 @@ use quiver_model::approval::{
 };
 
 use crate::{
-    AccessDelete, AccessHistoryEntry, AccessOutcome, AccessPut, DecideOutcome, DeleteRequest, Head,
-    HistoryPage, HistoryRow, NewApproval, OAuthAuthorizationRow, OAuthConnectionRow, OAuthTokens,
-    RequestedApproval, SecretUpdate, Snapshot, Store, StoreError, UpsertOutcome, UpsertRequest,
+    AccessDelete, AccessHistoryEntry, AccessOutcome, AccessPut, DecideOutcome, DeleteRequest,
+    GrantKey, Head, HistoryPage, HistoryRow, NewApproval, OAuthAuthorizationRow,
+    OAuthConnectionRow, OAuthTicketRow, OAuthTokens, RequestedApproval, SecretUpdate, Snapshot,
+    Store, StoreError, UpsertOutcome, UpsertRequest,
 };
 
 /// The statements that differ between PostgreSQL and SQLite.
@@ -945,39 +946,77 @@ impl Store for SqlStore {
 
     async fn store_oauth_tokens(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         tokens: OAuthTokens,
     ) -> Result<Option<OAuthConnectionRow>, StoreError> {
-        self.oauth_store_tokens(name, expected_generation, tokens)
+        self.oauth_store_tokens(grant, expected_generation, tokens)
             .await
     }
 
     async fn set_oauth_needs_reconsent(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         expected_generation: u64,
         error: &str,
     ) -> Result<Option<OAuthConnectionRow>, StoreError> {
-        self.oauth_set_needs_reconsent(name, expected_generation, error)
+        self.oauth_set_needs_reconsent(grant, expected_generation, error)
             .await
     }
 
-    async fn set_oauth_error(&self, name: &str, error: &str) -> Result<(), StoreError> {
-        self.oauth_set_error(name, error).await
+    async fn set_oauth_error(&self, grant: GrantKey<'_>, error: &str) -> Result<(), StoreError> {
+        self.oauth_set_error(grant, error).await
     }
 
     async fn acquire_oauth_lease(
         &self,
-        name: &str,
+        grant: GrantKey<'_>,
         holder: &str,
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError> {
-        self.oauth_acquire_lease(name, holder, ttl).await
+        self.oauth_acquire_lease(grant, holder, ttl).await
     }
 
-    async fn release_oauth_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
-        self.oauth_release_lease(name, holder).await
+    async fn release_oauth_lease(
+        &self,
+        grant: GrantKey<'_>,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.oauth_release_lease(grant, holder).await
+    }
+
+    async fn get_oauth_grant(
+        &self,
+        grant: GrantKey<'_>,
+    ) -> Result<Option<OAuthConnectionRow>, StoreError> {
+        self.oauth_get_grant(grant).await
+    }
+
+    async fn list_oauth_user_grants(
+        &self,
+        connection: Option<&str>,
+        principal: Option<&str>,
+    ) -> Result<Vec<OAuthConnectionRow>, StoreError> {
+        self.oauth_list_user_grants(connection, principal).await
+    }
+
+    async fn delete_oauth_user_grant(
+        &self,
+        connection: &str,
+        principal: &str,
+    ) -> Result<bool, StoreError> {
+        self.oauth_delete_user_grant(connection, principal).await
+    }
+
+    async fn create_oauth_ticket(&self, row: OAuthTicketRow) -> Result<(), StoreError> {
+        self.oauth_create_ticket(row).await
+    }
+
+    async fn take_oauth_ticket(
+        &self,
+        ticket_sha256: &str,
+    ) -> Result<Option<OAuthTicketRow>, StoreError> {
+        self.oauth_take_ticket(ticket_sha256).await
     }
 
     async fn create_oauth_authorization(

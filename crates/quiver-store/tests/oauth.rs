@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use quiver_store::{
-    MAX_PENDING_OAUTH_AUTHORIZATIONS, OAuthAuthorizationRow, OAuthStatus, OAuthTokens,
-    SecretUpdate, SqlStore, Store, StoreError,
+    GrantKey, MAX_OAUTH_TICKETS_PER_GRANT, MAX_PENDING_OAUTH_AUTHORIZATIONS, OAuthAuthorizationRow,
+    OAuthStatus, OAuthTicketRow, OAuthTokens, SecretUpdate, SqlStore, Store, StoreError,
 };
 use quiver_testkit::postgres::TestDatabase;
 
@@ -50,7 +50,230 @@ fn authorization(state: &str, name: &str, expires_in_ms: i64) -> OAuthAuthorizat
         created_at: ms(now),
         expires_at: ms(now + chrono::Duration::milliseconds(expires_in_ms)),
         browser_hash: format!("browser-{state}"),
+        principal: None,
     }
+}
+
+fn ticket(sha: &str, name: &str, principal: &str, age_ms: i64) -> OAuthTicketRow {
+    let now = Utc::now();
+    OAuthTicketRow {
+        ticket_sha256: sha.into(),
+        name: name.into(),
+        principal: principal.into(),
+        created_at: ms(now - chrono::Duration::milliseconds(age_ms)),
+        expires_at: ms(now + chrono::Duration::minutes(10)),
+    }
+}
+
+/// Principals' grants of a per-user connection: each its own row, tokens,
+/// generation and lease; the connection's own row untouched; a settings
+/// change or a deletion takes them all.
+async fn user_grants(store: Arc<SqlStore>) {
+    let connection = store
+        .put_oauth_connection("gh", r#"{"per_user":true}"#.into(), SecretUpdate::Keep)
+        .await
+        .unwrap();
+    let alice = GrantKey::user("gh", "key:alice");
+    let bob = GrantKey::user("gh", "key:bob");
+    assert!(store.get_oauth_grant(alice).await.unwrap().is_none());
+    // A first grant is conditional on the connection's generation.
+    assert!(
+        store
+            .store_oauth_tokens(alice, connection.generation + 1, tokens("a-1", false))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let granted = store
+        .store_oauth_tokens(alice, connection.generation, tokens("a-1", false))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(granted.principal.as_deref(), Some("key:alice"));
+    assert_eq!(granted.config, r#"{"per_user":true}"#);
+    assert_eq!(granted.credentials.as_deref(), Some("a-1"));
+    assert_eq!(granted.status, OAuthStatus::Connected);
+    assert!(granted.connected_at.is_some());
+    // The connection's own row holds no tokens.
+    let own = store
+        .get_oauth_grant(GrantKey::fleet("gh"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((own.credentials, own.principal), (None, None));
+    // A refresh is conditional on the grant's own generation.
+    assert!(
+        store
+            .store_oauth_tokens(alice, granted.generation + 5, tokens("a-2", true))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let refreshed = store
+        .store_oauth_tokens(alice, granted.generation, tokens("a-2", true))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (refreshed.credentials.as_deref(), refreshed.refresh_count),
+        (Some("a-2"), 1)
+    );
+    // A new consent replaces the grant.
+    let again = store
+        .store_oauth_tokens(alice, connection.generation, tokens("a-3", false))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.credentials.as_deref(), Some("a-3"));
+    assert!(again.generation > refreshed.generation);
+    store
+        .store_oauth_tokens(bob, connection.generation, tokens("b-1", false))
+        .await
+        .unwrap()
+        .unwrap();
+    // Leases are per grant.
+    let ttl = Duration::from_secs(60);
+    assert!(store.acquire_oauth_lease(alice, "r1", ttl).await.unwrap());
+    assert!(!store.acquire_oauth_lease(alice, "r2", ttl).await.unwrap());
+    assert!(store.acquire_oauth_lease(bob, "r2", ttl).await.unwrap());
+    store.release_oauth_lease(alice, "r1").await.unwrap();
+    assert!(store.acquire_oauth_lease(alice, "r2", ttl).await.unwrap());
+    store.set_oauth_error(bob, "boom").await.unwrap();
+    let bob_row = store.get_oauth_grant(bob).await.unwrap().unwrap();
+    assert_eq!(bob_row.last_error.as_deref(), Some("boom"));
+    let reconsent = store
+        .set_oauth_needs_reconsent(bob, bob_row.generation, "invalid_grant")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reconsent.status, OAuthStatus::NeedsReconsent);
+    assert_eq!(reconsent.credentials, None);
+
+    let principals = |rows: Vec<quiver_store::OAuthConnectionRow>| -> Vec<String> {
+        rows.into_iter().filter_map(|row| row.principal).collect()
+    };
+    assert_eq!(
+        principals(
+            store
+                .list_oauth_user_grants(Some("gh"), None)
+                .await
+                .unwrap()
+        ),
+        ["key:alice", "key:bob"]
+    );
+    assert_eq!(
+        principals(
+            store
+                .list_oauth_user_grants(None, Some("key:bob"))
+                .await
+                .unwrap()
+        ),
+        ["key:bob"]
+    );
+    assert!(
+        store
+            .list_oauth_user_grants(Some("gh"), Some("key:carol"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Revoking one principal's grant leaves the other's.
+    assert!(
+        store
+            .delete_oauth_user_grant("gh", "key:bob")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete_oauth_user_grant("gh", "key:bob")
+            .await
+            .unwrap()
+    );
+    assert!(store.get_oauth_grant(bob).await.unwrap().is_none());
+    assert!(store.get_oauth_grant(alice).await.unwrap().is_some());
+
+    // Changed settings drop every principal's grant; so does deleting.
+    store
+        .put_oauth_connection(
+            "gh",
+            r#"{"per_user":true,"scopes":["x"]}"#.into(),
+            SecretUpdate::Keep,
+        )
+        .await
+        .unwrap();
+    assert!(
+        store
+            .list_oauth_user_grants(None, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let current = store.get_oauth_connection("gh").await.unwrap().unwrap();
+    store
+        .store_oauth_tokens(alice, current.generation, tokens("a-4", false))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(store.delete_oauth_connection("gh").await.unwrap());
+    assert!(store.get_oauth_grant(alice).await.unwrap().is_none());
+}
+
+/// Authorization links: taken once, capped per principal and connection
+/// (the oldest go), dropped with the principal's grant.
+async fn tickets(store: Arc<SqlStore>) {
+    store
+        .put_oauth_connection("gh", r#"{"per_user":true}"#.into(), SecretUpdate::Keep)
+        .await
+        .unwrap();
+    let cap = i64::try_from(MAX_OAUTH_TICKETS_PER_GRANT).unwrap();
+    for age in 0..=cap {
+        // Oldest first: t-{cap} is the oldest.
+        store
+            .create_oauth_ticket(ticket(&format!("t-{age}"), "gh", "key:alice", age * 1000))
+            .await
+            .unwrap();
+    }
+    store
+        .create_oauth_ticket(ticket("b-0", "gh", "key:bob", 0))
+        .await
+        .unwrap();
+    // The oldest of alice's went; the others are there, once each.
+    assert!(
+        store
+            .take_oauth_ticket(&format!("t-{cap}"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let taken = store.take_oauth_ticket("t-0").await.unwrap().unwrap();
+    assert_eq!(
+        (taken.name.as_str(), taken.principal.as_str()),
+        ("gh", "key:alice")
+    );
+    assert!(store.take_oauth_ticket("t-0").await.unwrap().is_none());
+    // Concurrent takers: exactly one wins.
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.take_oauth_ticket("t-1").await.unwrap().is_some() })
+        })
+        .collect();
+    let mut winners = 0;
+    for handle in handles {
+        winners += usize::from(handle.await.unwrap());
+    }
+    assert_eq!(winners, 1);
+    // Revoking bob's grant (he has none yet) takes his links.
+    assert!(
+        !store
+            .delete_oauth_user_grant("gh", "key:bob")
+            .await
+            .unwrap()
+    );
+    assert!(store.take_oauth_ticket("b-0").await.unwrap().is_none());
+    assert!(store.take_oauth_ticket("t-2").await.unwrap().is_some());
 }
 
 async fn crud(store: Arc<SqlStore>) {
@@ -128,7 +351,7 @@ async fn config_change_starts_afresh(store: Arc<SqlStore>) {
         .await
         .unwrap();
     let connected = store
-        .store_oauth_tokens("gh", 1, tokens("tok", false))
+        .store_oauth_tokens(GrantKey::fleet("gh"), 1, tokens("tok", false))
         .await
         .unwrap()
         .unwrap();
@@ -230,7 +453,7 @@ async fn secret_updates(store: Arc<SqlStore>) {
 
     // A new secret drops the tokens.
     store
-        .store_oauth_tokens("c", 2, tokens("tok", false))
+        .store_oauth_tokens(GrantKey::fleet("c"), 2, tokens("tok", false))
         .await
         .unwrap()
         .unwrap();
@@ -273,7 +496,7 @@ async fn token_writes(store: Arc<SqlStore>) {
         .unwrap();
     assert!(
         store
-            .store_oauth_tokens("missing", 1, tokens("t", false))
+            .store_oauth_tokens(GrantKey::fleet("missing"), 1, tokens("t", false))
             .await
             .unwrap()
             .is_none()
@@ -281,14 +504,14 @@ async fn token_writes(store: Arc<SqlStore>) {
     // A stale generation writes nothing.
     assert!(
         store
-            .store_oauth_tokens("c", 7, tokens("t", false))
+            .store_oauth_tokens(GrantKey::fleet("c"), 7, tokens("t", false))
             .await
             .unwrap()
             .is_none()
     );
     assert!(
         store
-            .store_oauth_tokens("c", u64::MAX, tokens("t", false))
+            .store_oauth_tokens(GrantKey::fleet("c"), u64::MAX, tokens("t", false))
             .await
             .unwrap()
             .is_none()
@@ -297,11 +520,14 @@ async fn token_writes(store: Arc<SqlStore>) {
     assert_eq!(untouched.generation, 1);
     assert_eq!(untouched.credentials, None);
 
-    store.set_oauth_error("c", "boom").await.unwrap();
+    store
+        .set_oauth_error(GrantKey::fleet("c"), "boom")
+        .await
+        .unwrap();
     let expires = Utc::now() + chrono::Duration::minutes(30);
     let granted = store
         .store_oauth_tokens(
-            "c",
+            GrantKey::fleet("c"),
             1,
             OAuthTokens {
                 credentials: "tok-1".into(),
@@ -321,18 +547,24 @@ async fn token_writes(store: Arc<SqlStore>) {
     let connected_at = granted.connected_at.expect("connected_at set");
 
     // A transient error: only last_error (and updated_at) change.
-    store.set_oauth_error("c", "timeout").await.unwrap();
+    store
+        .set_oauth_error(GrantKey::fleet("c"), "timeout")
+        .await
+        .unwrap();
     let errored = store.get_oauth_connection("c").await.unwrap().unwrap();
     assert_eq!(errored.last_error.as_deref(), Some("timeout"));
     assert_eq!(errored.generation, 2);
     assert_eq!(errored.status, OAuthStatus::Connected);
     assert_eq!(errored.credentials.as_deref(), Some("tok-1"));
-    store.set_oauth_error("missing", "x").await.unwrap();
+    store
+        .set_oauth_error(GrantKey::fleet("missing"), "x")
+        .await
+        .unwrap();
 
     tokio::time::sleep(Duration::from_millis(5)).await;
     let refreshed = store
         .store_oauth_tokens(
-            "c",
+            GrantKey::fleet("c"),
             2,
             OAuthTokens {
                 expires_at: None,
@@ -352,7 +584,7 @@ async fn token_writes(store: Arc<SqlStore>) {
     // The old generation is stale now.
     assert!(
         store
-            .store_oauth_tokens("c", 2, tokens("tok-3", true))
+            .store_oauth_tokens(GrantKey::fleet("c"), 2, tokens("tok-3", true))
             .await
             .unwrap()
             .is_none()
@@ -360,7 +592,7 @@ async fn token_writes(store: Arc<SqlStore>) {
 
     // A new grant moves connected_at and keeps the refresh count.
     let regranted = store
-        .store_oauth_tokens("c", 3, tokens("tok-4", false))
+        .store_oauth_tokens(GrantKey::fleet("c"), 3, tokens("tok-4", false))
         .await
         .unwrap()
         .unwrap();
@@ -370,13 +602,13 @@ async fn token_writes(store: Arc<SqlStore>) {
     // Needs reconsent: tokens cleared, error recorded, conditional too.
     assert!(
         store
-            .set_oauth_needs_reconsent("c", 3, "stale")
+            .set_oauth_needs_reconsent(GrantKey::fleet("c"), 3, "stale")
             .await
             .unwrap()
             .is_none()
     );
     let revoked = store
-        .set_oauth_needs_reconsent("c", 4, "invalid_grant")
+        .set_oauth_needs_reconsent(GrantKey::fleet("c"), 4, "invalid_grant")
         .await
         .unwrap()
         .unwrap();
@@ -398,7 +630,7 @@ async fn lease(store: Arc<SqlStore>) {
         .unwrap();
     assert!(
         !store
-            .acquire_oauth_lease("missing", "a", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("missing"), "a", Duration::from_secs(60))
             .await
             .unwrap()
     );
@@ -410,7 +642,7 @@ async fn lease(store: Arc<SqlStore>) {
             tokio::spawn(async move {
                 let holder = format!("replica-{i}");
                 let won = store
-                    .acquire_oauth_lease("c", &holder, Duration::from_secs(60))
+                    .acquire_oauth_lease(GrantKey::fleet("c"), &holder, Duration::from_secs(60))
                     .await
                     .unwrap();
                 (holder, won)
@@ -429,35 +661,41 @@ async fn lease(store: Arc<SqlStore>) {
     // The holder may extend it; others may not take it.
     assert!(
         store
-            .acquire_oauth_lease("c", &winner, Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), &winner, Duration::from_secs(60))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .acquire_oauth_lease("c", "intruder", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "intruder", Duration::from_secs(60))
             .await
             .unwrap()
     );
     // Release by a non-holder does nothing.
-    store.release_oauth_lease("c", "intruder").await.unwrap();
+    store
+        .release_oauth_lease(GrantKey::fleet("c"), "intruder")
+        .await
+        .unwrap();
     assert!(
         !store
-            .acquire_oauth_lease("c", "intruder", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "intruder", Duration::from_secs(60))
             .await
             .unwrap()
     );
     // Release by the holder frees it.
-    store.release_oauth_lease("c", &winner).await.unwrap();
+    store
+        .release_oauth_lease(GrantKey::fleet("c"), &winner)
+        .await
+        .unwrap();
     assert!(
         store
-            .acquire_oauth_lease("c", "next", Duration::from_millis(300))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "next", Duration::from_millis(300))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .acquire_oauth_lease("c", "late", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "late", Duration::from_secs(60))
             .await
             .unwrap()
     );
@@ -465,13 +703,13 @@ async fn lease(store: Arc<SqlStore>) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         store
-            .acquire_oauth_lease("c", "late", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "late", Duration::from_secs(60))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .acquire_oauth_lease("c", "next", Duration::from_secs(60))
+            .acquire_oauth_lease(GrantKey::fleet("c"), "next", Duration::from_secs(60))
             .await
             .unwrap()
     );
@@ -681,5 +919,7 @@ suite!(sqlite, postgres; [
     authorization_taken_once,
     expired_authorizations_purged,
     pending_authorizations_capped,
-    concurrent_config_writes
+    concurrent_config_writes,
+    user_grants,
+    tickets
 ]);

@@ -54,7 +54,7 @@ mod snapshot;
 pub use approvals::{CallBinding, RegistryApprovals};
 pub use error::SyncError;
 pub use key_uses::KeyUses;
-pub use oauth::{IssuedToken, RegistryTokens};
+pub use oauth::{ConsentLink, GrantStatus, IssuedToken, RegistryTokens, TokenAnswer};
 pub use options::{SyncOptions, default_registry_url};
 pub use report::HealthSource;
 pub use service::SyncService;

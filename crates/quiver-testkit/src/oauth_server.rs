@@ -3,15 +3,29 @@
 //! `quiver_mcp::oauth`, rmcp's `auth` module).
 //!
 //! The authorization server (issuer: the base URL `B`) publishes RFC 8414
-//! metadata, registers clients dynamically (RFC 7591), approves every
-//! authorization request at once (PKCE S256 required, RFC 8707 `resource`
-//! checked) and grants `authorization_code`, `refresh_token` (rotating) and
-//! `client_credentials`. The protected resource is MCP over streamable HTTP at
-//! `B/mcp`, with RFC 9728 metadata; every request to it needs a live bearer
-//! token, and a call of `admin_echo` one with scope `mcp:admin` (else 403
-//! `insufficient_scope`, for step-up). `/admin/*` lets a test read counters and the tokens issued, expire or revoke tokens and
-//! change the access-token lifetime, and a [`Fault`] makes one step misbehave
-//! so callers' error handling can be tested.
+//! metadata, registers clients dynamically (RFC 7591), checks authorization
+//! requests (PKCE S256 required, RFC 8707 `resource` checked) and grants
+//! `authorization_code`, `refresh_token` (rotating) and `client_credentials`.
+//! The protected resource is MCP over streamable HTTP at `B/mcp`, with RFC
+//! 9728 metadata; every request to it needs a live bearer token, and a call
+//! of `admin_echo` one with scope `mcp:admin` (else 403 `insufficient_scope`,
+//! for step-up). `/admin/*` lets a test read counters and the tokens issued,
+//! expire or revoke tokens and change the access-token lifetime, and a
+//! [`Fault`] makes one step misbehave so callers' error handling can be
+//! tested.
+//!
+//! Every code and token belongs to a [`User`], so tests can tell one
+//! person's grant from another's: a refreshed token keeps its user, and a
+//! `client_credentials` token's user is its client id. By default
+//! `/authorize` approves at once, for the server's auto user
+//! ([`DEFAULT_AUTO_USER`] until `POST /admin/auto-user` `{"user": "bob"}`
+//! names another). With [`OAuthServerOptions::consent_page`] it answers an
+//! HTML form instead (a text input `user`, button `approve`); posting it back
+//! to `/authorize` issues the code for the user typed in. The MCP tool
+//! `whoami` returns the calling token's client id and `whoami_user` its
+//! user; `GET /admin/tokens` maps each token to its user and `/admin/stats`
+//! counts refresh grants per user, so a test can show that one person's
+//! token was refreshed once however many gateways shared it.
 //!
 //! The same issuer is also a test OpenID Connect provider
 //! ([`crate::oidc_issuer`]): `/.well-known/openid-configuration` adds
@@ -28,7 +42,7 @@
 //! Everything lives in memory behind one mutex, each table capped at
 //! [`MAX_ENTRIES`]; `quiver-testkit-oauth` serves it as a process.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,7 +55,7 @@ use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -68,8 +82,9 @@ pub const ADMIN_SCOPE: &str = "mcp:admin";
 
 /// The tool that needs [`ADMIN_SCOPE`].
 pub const ADMIN_TOOL: &str = "admin_echo";
-/// Most clients, pending codes, access tokens and refresh tokens held (each);
-/// beyond it registrations and grants are refused with 503.
+/// Most clients, pending codes, consent requests, access tokens and refresh
+/// tokens held (each); beyond it registrations and grants are refused with
+/// 503.
 pub const MAX_ENTRIES: usize = 10_000;
 /// Default lifetime of access tokens.
 pub const DEFAULT_ACCESS_TTL: Duration = Duration::from_secs(3600);
@@ -78,6 +93,14 @@ pub const DEFAULT_ACCESS_TTL: Duration = Duration::from_secs(3600);
 pub const MAX_ACCESS_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
 /// How long an authorization code can be exchanged.
 const CODE_TTL: Duration = Duration::from_secs(60);
+/// How long a consent page can be answered: longer than a code lives, as a
+/// person (or a slow browser test) fills it in.
+const CONSENT_TTL: Duration = Duration::from_secs(600);
+/// The user `/authorize` approves for until `POST /admin/auto-user` names
+/// another.
+pub const DEFAULT_AUTO_USER: &str = "auto";
+/// Longest user name, in characters.
+pub const MAX_USER_LEN: usize = 64;
 /// Largest request body of the authorization server's endpoints.
 const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Most redirect URIs one dynamic registration may carry, and their length.
@@ -150,6 +173,55 @@ impl FromStr for Fault {
     }
 }
 
+/// The user a code or token was granted for: a name chosen at `/authorize`
+/// (1 to [`MAX_USER_LEN`] characters, no control characters), or the client
+/// id of a `client_credentials` token.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct User(String);
+
+/// A user name that is empty, longer than [`MAX_USER_LEN`] characters or has
+/// control characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("user must be 1 to {MAX_USER_LEN} characters without control characters")]
+pub struct InvalidUser;
+
+impl User {
+    /// A user named `name`.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidUser> {
+        let name = name.into();
+        let length = name.chars().count();
+        if length == 0 || length > MAX_USER_LEN || name.chars().any(char::is_control) {
+            return Err(InvalidUser);
+        }
+        Ok(Self(name))
+    }
+
+    /// The user of `client_credentials` tokens: the client itself, whatever
+    /// its id looks like.
+    fn client(client_id: &str) -> Self {
+        Self(client_id.to_owned())
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for User {
+    type Err = InvalidUser;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::new(name)
+    }
+}
+
 /// A confidential client known before the server starts; it may redirect to
 /// any URI on a loopback host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +257,9 @@ pub struct OAuthServerOptions {
     pub access_ttl: Duration,
     /// The step to misbehave at, if any.
     pub fault: Option<Fault>,
+    /// `GET /authorize` answers a consent page asking for the user (posted
+    /// back to `/authorize`) instead of approving at once for the auto user.
+    pub consent_page: bool,
 }
 
 impl Default for OAuthServerOptions {
@@ -193,12 +268,13 @@ impl Default for OAuthServerOptions {
             clients: Vec::new(),
             access_ttl: DEFAULT_ACCESS_TTL,
             fault: None,
+            consent_page: false,
         }
     }
 }
 
 /// Counters of what the server did, as `GET /admin/stats` reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OAuthStats {
     /// Codes exchanged for tokens.
     pub authorization_code_grants: u64,
@@ -220,6 +296,11 @@ pub struct OAuthStats {
     pub discovery_fetches: u64,
     /// `id_token`s issued with the tokens of `openid` codes.
     pub id_tokens_issued: u64,
+    /// [`OAuthStats::refresh_grants`] by the user of the token refreshed (for
+    /// the first [`MAX_ENTRIES`] users), so a test can show that one
+    /// person's token was refreshed once however many clients shared it.
+    #[serde(default)]
+    pub refresh_grants_by_user: BTreeMap<String, u64>,
 }
 
 /// The server; clones share their state.
@@ -234,6 +315,8 @@ struct Shared {
     /// `issuer` + `/mcp`.
     resource: String,
     fault: Option<Fault>,
+    /// [`OAuthServerOptions::consent_page`].
+    consent_page: bool,
     store: Mutex<Store>,
     /// The OpenID Connect side: signing keys, JWKS, minted JWTs.
     oidc: Arc<OidcIssuer>,
@@ -246,8 +329,37 @@ struct Client {
     redirect_uris: Option<Vec<String>>,
 }
 
-struct PendingCode {
+/// Whom a code or token is for: the client it was issued to and the user who
+/// granted it. The bearer check puts the caller's into the extensions of each
+/// `/mcp` request it lets through (rmcp hands the request's `Parts` to
+/// tools).
+#[derive(Debug, Clone)]
+struct OAuthCaller {
     client_id: String,
+    user: User,
+}
+
+/// An authorization request `/authorize` checked; only [`grant_code`] turns
+/// it into a code, for a user.
+struct AuthorizationRequest {
+    client_id: String,
+    redirect_uri: String,
+    challenge: String,
+    scope: String,
+    /// The request's `nonce`, for the `id_token`.
+    nonce: Option<String>,
+    /// The request's `state`, sent back with the code.
+    state: Option<String>,
+}
+
+/// An authorization request waiting on its consent page.
+struct PendingConsent {
+    request: AuthorizationRequest,
+    expires: Instant,
+}
+
+struct PendingCode {
+    caller: OAuthCaller,
     redirect_uri: String,
     challenge: String,
     scope: String,
@@ -257,33 +369,46 @@ struct PendingCode {
 }
 
 struct AccessToken {
-    client_id: String,
+    caller: OAuthCaller,
     scope: String,
     expires: Instant,
 }
 
 struct RefreshToken {
-    client_id: String,
+    caller: OAuthCaller,
     scope: String,
+}
+
+/// The two kinds of token `GET /admin/tokens` lists.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TokenKind {
+    Access,
+    Refresh,
+}
+
+/// A token as `GET /admin/tokens` remembers it.
+struct IssuedToken {
+    kind: TokenKind,
+    token: String,
+    user: User,
 }
 
 struct Store {
     clients: HashMap<String, Client>,
+    /// Authorization requests shown a consent page, by the id the page posts
+    /// back.
+    consents: HashMap<String, PendingConsent>,
     codes: HashMap<String, PendingCode>,
     access: HashMap<String, AccessToken>,
     refresh: HashMap<String, RefreshToken>,
     access_ttl: Duration,
+    /// The user `/authorize` approves for without a consent page.
+    auto_user: User,
     stats: OAuthStats,
     /// Every token issued (the newest [`MAX_ENTRIES`]), so a test can look
     /// for them where they must not appear (`GET /admin/tokens`).
-    issued: std::collections::VecDeque<(&'static str, String)>,
+    issued: VecDeque<IssuedToken>,
 }
-
-/// The client id an access token was issued to, put into the extensions of
-/// each `/mcp` request the middleware lets through (rmcp hands the request's
-/// `Parts` to tools).
-#[derive(Debug, Clone)]
-struct OAuthCaller(String);
 
 impl OAuthServer {
     /// A server whose issuer is `base_url` (e.g. `http://127.0.0.1:8080`; a
@@ -309,13 +434,16 @@ impl OAuthServer {
                 oidc: Arc::new(OidcIssuer::new(&issuer)),
                 issuer,
                 fault: options.fault,
+                consent_page: options.consent_page,
                 store: Mutex::new(Store {
                     clients,
+                    consents: HashMap::new(),
                     codes: HashMap::new(),
                     access: HashMap::new(),
                     refresh: HashMap::new(),
-                    issued: std::collections::VecDeque::new(),
+                    issued: VecDeque::new(),
                     access_ttl: options.access_ttl.min(MAX_ACCESS_TTL),
+                    auto_user: User(DEFAULT_AUTO_USER.to_owned()),
                     stats: OAuthStats::default(),
                 }),
             }),
@@ -358,6 +486,12 @@ impl OAuthServer {
         self.shared.store().access_ttl = ttl.min(MAX_ACCESS_TTL);
     }
 
+    /// Sets the user `/authorize` approves for from now on without a consent
+    /// page (`POST /admin/auto-user`).
+    pub fn set_auto_user(&self, user: User) {
+        self.shared.store().auto_user = user;
+    }
+
     /// All endpoints: authorization server, `/mcp` behind the bearer check,
     /// the metadata documents and `/admin/*`.
     pub fn router(&self) -> Router {
@@ -393,13 +527,14 @@ impl OAuthServer {
                 get(protected_resource_metadata),
             )
             .route("/register", post(register))
-            .route("/authorize", get(authorize))
+            .route("/authorize", get(authorize).post(approve))
             .route("/token", post(token))
             .route("/admin/stats", get(admin_stats))
             .route("/admin/tokens", get(admin_tokens))
             .route("/admin/expire-access-tokens", post(admin_expire))
             .route("/admin/revoke-refresh-tokens", post(admin_revoke))
             .route("/admin/config", post(admin_config))
+            .route("/admin/auto-user", post(admin_auto_user))
             .route("/admin/clients", post(admin_clients))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.shared.clone())
@@ -430,7 +565,7 @@ pub async fn serve(
 impl Shared {
     /// The counters, the OIDC issuer's included.
     fn stats(&self) -> OAuthStats {
-        let mut stats = self.store().stats;
+        let mut stats = self.store().stats.clone();
         let oidc = self.oidc.stats();
         stats.jwks_fetches = oidc.jwks_fetches;
         stats.discovery_fetches = oidc.discovery_fetches;
@@ -480,10 +615,10 @@ impl Store {
     }
 
     /// Issues an access token (and a refresh token when `refresh`) to
-    /// `client_id`; the token response.
+    /// `caller`; the token response.
     fn issue(
         &mut self,
-        client_id: &str,
+        caller: &OAuthCaller,
         scope: &str,
         refresh: bool,
         now: Instant,
@@ -496,12 +631,12 @@ impl Store {
         self.access.insert(
             access_token.clone(),
             AccessToken {
-                client_id: client_id.to_owned(),
+                caller: caller.clone(),
                 scope: scope.to_owned(),
                 expires: now + self.access_ttl,
             },
         );
-        self.remember("access_tokens", &access_token);
+        self.remember(TokenKind::Access, &access_token, &caller.user);
         let mut response = json!({
             "access_token": access_token,
             "token_type": "Bearer",
@@ -513,21 +648,69 @@ impl Store {
             self.refresh.insert(
                 refresh_token.clone(),
                 RefreshToken {
-                    client_id: client_id.to_owned(),
+                    caller: caller.clone(),
                     scope: scope.to_owned(),
                 },
             );
-            self.remember("refresh_tokens", &refresh_token);
+            self.remember(TokenKind::Refresh, &refresh_token, &caller.user);
             response["refresh_token"] = Value::String(refresh_token);
         }
         Ok(response)
     }
 
-    fn remember(&mut self, kind: &'static str, token: &str) {
+    fn remember(&mut self, kind: TokenKind, token: &str, user: &User) {
         if self.issued.len() >= MAX_ENTRIES {
             self.issued.pop_front();
         }
-        self.issued.push_back((kind, token.to_owned()));
+        self.issued.push_back(IssuedToken {
+            kind,
+            token: token.to_owned(),
+            user: user.clone(),
+        });
+    }
+
+    /// Counts a refresh grant of `user`'s token; a user beyond the first
+    /// [`MAX_ENTRIES`] is counted only in the total.
+    fn count_refresh(&mut self, user: &User) {
+        self.stats.refresh_grants += 1;
+        let by_user = &mut self.stats.refresh_grants_by_user;
+        if let Some(count) = by_user.get_mut(user.as_str()) {
+            *count += 1;
+        } else if by_user.len() < MAX_ENTRIES {
+            by_user.insert(user.as_str().to_owned(), 1);
+        }
+    }
+
+    /// Keeps `request` until its consent page is answered with `id`.
+    fn hold_for_consent(
+        &mut self,
+        id: String,
+        request: AuthorizationRequest,
+        now: Instant,
+    ) -> Result<(), OAuthFailure> {
+        if self.consents.len() >= MAX_ENTRIES {
+            self.consents.retain(|_, pending| pending.expires > now);
+        }
+        if self.consents.len() >= MAX_ENTRIES {
+            return Err(full("consent requests"));
+        }
+        self.consents.insert(
+            id,
+            PendingConsent {
+                request,
+                expires: now + CONSENT_TTL,
+            },
+        );
+        Ok(())
+    }
+
+    /// The request a consent page with `id` was shown for, once and while
+    /// it has not expired.
+    fn take_consent(&mut self, id: &str, now: Instant) -> Option<AuthorizationRequest> {
+        self.consents
+            .remove(id)
+            .filter(|pending| pending.expires > now)
+            .map(|pending| pending.request)
     }
 }
 
@@ -836,11 +1019,51 @@ async fn register(
     Ok((StatusCode::CREATED, axum::Json(response)).into_response())
 }
 
+/// `GET /authorize`: approves at once for the auto user, or shows the
+/// consent page ([`OAuthServerOptions::consent_page`]).
 async fn authorize(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, OAuthFailure> {
-    let params = parse_params(query.unwrap_or_default().as_bytes())?;
+    let request = check_authorization(&shared, query.unwrap_or_default().as_bytes())?;
+    if shared.consent_page {
+        let id = random_token();
+        let page = consent_page(&request, &id);
+        shared
+            .store()
+            .hold_for_consent(id, request, Instant::now())?;
+        return Ok(page);
+    }
+    let user = shared.store().auto_user.clone();
+    grant_code(&shared, request, user)
+}
+
+/// `POST /authorize`: a consent page answered, with form fields `request`
+/// (the page's id) and `user`.
+async fn approve(State(shared): State<Arc<Shared>>, body: Bytes) -> Result<Response, OAuthFailure> {
+    let params = parse_params(&body)?;
+    let Some(id) = params.get("request") else {
+        return Err(invalid_request("request is missing"));
+    };
+    let Some(user) = params.get("user") else {
+        return Err(invalid_request("user is missing"));
+    };
+    let user = User::new(user.as_str()).map_err(|err| invalid_request(err.to_string()))?;
+    let Some(request) = shared.store().take_consent(id, Instant::now()) else {
+        return Err(invalid_request(
+            "request is unknown, already answered or expired",
+        ));
+    };
+    grant_code(&shared, request, user)
+}
+
+/// The checks of an authorization request's query (RFC 6749 §4.1.1, RFC
+/// 7636 §4.3, RFC 8707).
+fn check_authorization(
+    shared: &Shared,
+    query: &[u8],
+) -> Result<AuthorizationRequest, OAuthFailure> {
+    let params = parse_params(query)?;
     let param = |name: &str| params.get(name).map(String::as_str);
     if param("response_type") != Some("code") {
         return Err(invalid_request("response_type must be \"code\""));
@@ -883,30 +1106,50 @@ async fn authorize(
             "nonce is longer than {MAX_NONCE_LEN} bytes"
         )));
     }
-    let Ok(mut location) = Url::parse(redirect_uri) else {
+    if Url::parse(redirect_uri).is_err() {
+        return Err(invalid_request("redirect_uri is not a URL"));
+    }
+    let allowed = match shared.store().clients.get(client_id) {
+        None => {
+            return Err(invalid_request(format!("unknown client {client_id:?}")));
+        }
+        Some(Client {
+            redirect_uris: Some(uris),
+            ..
+        }) => uris.iter().any(|uri| uri == redirect_uri),
+        Some(Client {
+            redirect_uris: None,
+            ..
+        }) => is_loopback_uri(redirect_uri),
+    };
+    if !allowed {
+        return Err(invalid_request(format!(
+            "redirect_uri {redirect_uri:?} is not registered for this client"
+        )));
+    }
+    Ok(AuthorizationRequest {
+        client_id: client_id.to_owned(),
+        redirect_uri: redirect_uri.to_owned(),
+        challenge: challenge.to_owned(),
+        scope: scope.to_owned(),
+        nonce: nonce.map(str::to_owned),
+        state: param("state").map(str::to_owned),
+    })
+}
+
+/// Issues a code for `request`, granted by `user`: the redirect back to the
+/// client with `code`, `state` and `iss`.
+fn grant_code(
+    shared: &Shared,
+    request: AuthorizationRequest,
+    user: User,
+) -> Result<Response, OAuthFailure> {
+    let Ok(mut location) = Url::parse(&request.redirect_uri) else {
         return Err(invalid_request("redirect_uri is not a URL"));
     };
     let code = random_token();
     {
         let mut store = shared.store();
-        let allowed = match store.clients.get(client_id) {
-            None => {
-                return Err(invalid_request(format!("unknown client {client_id:?}")));
-            }
-            Some(Client {
-                redirect_uris: Some(uris),
-                ..
-            }) => uris.iter().any(|uri| uri == redirect_uri),
-            Some(Client {
-                redirect_uris: None,
-                ..
-            }) => is_loopback_uri(redirect_uri),
-        };
-        if !allowed {
-            return Err(invalid_request(format!(
-                "redirect_uri {redirect_uri:?} is not registered for this client"
-            )));
-        }
         let now = Instant::now();
         if store.codes.len() >= MAX_ENTRIES {
             store.codes.retain(|_, code| code.expires > now);
@@ -917,11 +1160,14 @@ async fn authorize(
         store.codes.insert(
             code.clone(),
             PendingCode {
-                client_id: client_id.to_owned(),
-                redirect_uri: redirect_uri.to_owned(),
-                challenge: challenge.to_owned(),
-                scope: scope.to_owned(),
-                nonce: nonce.map(str::to_owned),
+                caller: OAuthCaller {
+                    client_id: request.client_id,
+                    user,
+                },
+                redirect_uri: request.redirect_uri,
+                challenge: request.challenge,
+                scope: request.scope,
+                nonce: request.nonce,
                 expires: now + CODE_TTL,
             },
         );
@@ -929,7 +1175,7 @@ async fn authorize(
     let state = if shared.fault == Some(Fault::StateMismatch) {
         Some(random_token())
     } else {
-        param("state").map(str::to_owned)
+        request.state
     };
     {
         let mut query = location.query_pairs_mut();
@@ -945,6 +1191,53 @@ async fn authorize(
         ));
     };
     Ok((StatusCode::FOUND, [(header::LOCATION, location)]).into_response())
+}
+
+/// The consent page of a checked authorization request: a form posting
+/// `request` (`id`) and `user` back to `/authorize`, submitted by the button
+/// `approve`. No scripts; every value shown is escaped.
+fn consent_page(request: &AuthorizationRequest, id: &str) -> Response {
+    let client = html_escape(&request.client_id);
+    let scope = html_escape(&request.scope);
+    let id = html_escape(id);
+    let page = format!(
+        r#"<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>Authorize {client}</title></head>
+<body>
+<h1>Authorize {client}</h1>
+<p>Scope: {scope}</p>
+<form method="post" action="authorize">
+<input type="hidden" name="request" value="{id}">
+<label for="user">User</label>
+<input type="text" id="user" name="user" autocomplete="username">
+<button type="submit" id="approve">Approve</button>
+</form>
+</body>
+</html>
+"#
+    );
+    (
+        [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+        Html(page),
+    )
+        .into_response()
+}
+
+/// `text` safe inside HTML text and double-quoted attributes.
+fn html_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&#39;"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 /// The client a token request authenticates as.
@@ -1126,7 +1419,7 @@ fn authorization_code_grant<'a>(
     if pending.expires <= now {
         return Err(invalid_grant("the authorization code has expired"));
     }
-    if pending.client_id != client.id {
+    if pending.caller.client_id != client.id {
         return Err(invalid_grant("the code was issued to another client"));
     }
     if pending.redirect_uri != redirect_uri {
@@ -1139,7 +1432,7 @@ fn authorization_code_grant<'a>(
             "code_verifier does not match the code_challenge",
         ));
     }
-    let response = store.issue(&client.id, &pending.scope, true, now)?;
+    let response = store.issue(&pending.caller, &pending.scope, true, now)?;
     store.stats.authorization_code_grants += 1;
     let id_token = scope_within(OPENID_SCOPE, &pending.scope).then_some(IdTokenDue {
         nonce: pending.nonce,
@@ -1160,7 +1453,7 @@ fn refresh_grant<'a>(
     let owned = store
         .refresh
         .get(refresh_token)
-        .is_some_and(|token| token.client_id == client.id);
+        .is_some_and(|token| token.caller.client_id == client.id);
     let Some(old) = store.refresh.remove(refresh_token).filter(|_| owned) else {
         store.stats.refresh_failures += 1;
         return Err(invalid_grant(
@@ -1179,9 +1472,10 @@ fn refresh_grant<'a>(
         Some(scope) if !scope.trim().is_empty() => scope.trim().to_owned(),
         _ => old.scope.clone(),
     };
-    match store.issue(&client.id, &scope, true, now) {
+    // The new tokens keep the user the old one was granted for.
+    match store.issue(&old.caller, &scope, true, now) {
         Ok(response) => {
-            store.stats.refresh_grants += 1;
+            store.count_refresh(&old.caller.user);
             Ok(response)
         }
         Err(response) => {
@@ -1208,8 +1502,13 @@ fn client_credentials_grant<'a>(
         .map(str::trim)
         .filter(|scope| !scope.is_empty())
         .unwrap_or(SCOPE);
+    // No person takes part: the client is its own user.
+    let caller = OAuthCaller {
+        client_id: client.id.clone(),
+        user: User::client(&client.id),
+    };
     let mut store = shared.store();
-    let response = store.issue(&client.id, scope, false, Instant::now())?;
+    let response = store.issue(&caller, scope, false, Instant::now())?;
     store.stats.client_credentials_grants += 1;
     Ok(response)
 }
@@ -1236,7 +1535,7 @@ async fn require_bearer(
             .and_then(Option::as_deref)
             .and_then(|token| store.access.get(token))
             .filter(|token| token.expires > now)
-            .map(|token| (token.client_id.clone(), token.scope.clone()));
+            .map(|token| (token.caller.clone(), token.scope.clone()));
         if caller.is_some() {
             store.stats.authorized_mcp_requests += 1;
         } else {
@@ -1244,7 +1543,7 @@ async fn require_bearer(
         }
         caller
     };
-    let Some((client_id, scope)) = caller else {
+    let Some((caller, scope)) = caller else {
         let given = presented.is_some();
         let challenge = shared.challenge(given);
         let description = if given {
@@ -1285,7 +1584,7 @@ async fn require_bearer(
         }
         request = Request::from_parts(parts, axum::body::Body::from(bytes));
     }
-    request.extensions_mut().insert(OAuthCaller(client_id));
+    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
@@ -1315,21 +1614,27 @@ async fn admin_stats(State(shared): State<Arc<Shared>>) -> Response {
     axum::Json(shared.stats()).into_response()
 }
 
-/// Every token issued so far, by kind (test only: the server has no secrets
-/// worth keeping).
+/// Every token issued so far, by kind, and `users`: each token's user
+/// (test only: the server has no secrets worth keeping).
 async fn admin_tokens(State(shared): State<Arc<Shared>>) -> Response {
     let store = shared.store();
-    let of = |kind: &str| -> Vec<&str> {
+    let of = |kind: TokenKind| -> Vec<&str> {
         store
             .issued
             .iter()
-            .filter(|(k, _)| *k == kind)
-            .map(|(_, token)| token.as_str())
+            .filter(|issued| issued.kind == kind)
+            .map(|issued| issued.token.as_str())
             .collect()
     };
+    let users: serde_json::Map<String, Value> = store
+        .issued
+        .iter()
+        .map(|issued| (issued.token.clone(), json!(issued.user.as_str())))
+        .collect();
     axum::Json(json!({
-        "access_tokens": of("access_tokens"),
-        "refresh_tokens": of("refresh_tokens"),
+        "access_tokens": of(TokenKind::Access),
+        "refresh_tokens": of(TokenKind::Refresh),
+        "users": users,
     }))
     .into_response()
 }
@@ -1365,6 +1670,26 @@ async fn admin_config(
     }
     shared.store().access_ttl = Duration::from_secs(config.access_ttl_secs);
     Ok(axum::Json(json!({"access_ttl_secs": config.access_ttl_secs})).into_response())
+}
+
+/// The body of `POST /admin/auto-user`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdminAutoUser {
+    user: String,
+}
+
+/// Sets the user `/authorize` approves for without a consent page.
+async fn admin_auto_user(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<Response, OAuthFailure> {
+    let request: AdminAutoUser = serde_json::from_slice(&body)
+        .map_err(|err| invalid_request(format!("expected {{\"user\": string}}: {err}")))?;
+    let user = User::new(request.user).map_err(|err| invalid_request(err.to_string()))?;
+    let body = json!({"user": user.as_str()});
+    shared.store().auto_user = user;
+    Ok(axum::Json(body).into_response())
 }
 
 /// The body of `POST /admin/clients`: a public client (no secret, PKCE
@@ -1414,7 +1739,7 @@ async fn admin_clients(
     .into_response())
 }
 
-/// The protected MCP server: who am I, and echo.
+/// The protected MCP server: who am I (client and user), and echo.
 #[derive(Clone)]
 struct OAuthMcpServer {
     tool_router: rmcp::handler::server::router::tool::ToolRouter<Self>,
@@ -1438,14 +1763,12 @@ impl OAuthMcpServer {
 
     #[tool(description = "Returns the OAuth client id the request's access token was issued to.")]
     async fn whoami(&self, Extension(parts): Extension<Parts>) -> CallToolResult {
-        match parts.extensions.get::<OAuthCaller>() {
-            Some(OAuthCaller(client_id)) => {
-                CallToolResult::success(vec![ContentBlock::text(client_id.clone())])
-            }
-            None => CallToolResult::error(vec![ContentBlock::text(
-                "the request carries no authorized client",
-            )]),
-        }
+        caller_says(&parts, |caller| caller.client_id.clone())
+    }
+
+    #[tool(description = "Returns the user the request's access token was granted for.")]
+    async fn whoami_user(&self, Extension(parts): Extension<Parts>) -> CallToolResult {
+        caller_says(&parts, |caller| caller.user.to_string())
     }
 
     #[tool(description = "Returns `text` unchanged.")]
@@ -1456,6 +1779,16 @@ impl OAuthMcpServer {
     #[tool(description = "Returns `text` unchanged; needs scope mcp:admin.")]
     async fn admin_echo(&self, Parameters(EchoParams { text }): Parameters<EchoParams>) -> String {
         text
+    }
+}
+
+/// `what` of the request's [`OAuthCaller`], as a tool result.
+fn caller_says(parts: &Parts, what: impl Fn(&OAuthCaller) -> String) -> CallToolResult {
+    match parts.extensions.get::<OAuthCaller>() {
+        Some(caller) => CallToolResult::success(vec![ContentBlock::text(what(caller))]),
+        None => CallToolResult::error(vec![ContentBlock::text(
+            "the request carries no authorized client",
+        )]),
     }
 }
 
@@ -1486,5 +1819,368 @@ mod tests {
             assert_eq!(fault.name().parse::<Fault>(), Ok(fault));
         }
         assert!("nope".parse::<Fault>().is_err());
+    }
+
+    #[test]
+    fn users_are_checked() {
+        assert_eq!(
+            User::new("bob").map(|user| user.to_string()),
+            Ok("bob".into())
+        );
+        assert_eq!(User::new("é".repeat(MAX_USER_LEN)).map(|_| ()), Ok(()));
+        assert_eq!(User::new(""), Err(InvalidUser));
+        assert_eq!(User::new("a".repeat(MAX_USER_LEN + 1)), Err(InvalidUser));
+        assert_eq!(User::new("bo\nb"), Err(InvalidUser));
+    }
+
+    #[test]
+    fn html_escape_escapes_markup() {
+        assert_eq!(
+            html_escape(r#"<a href="x">'&'</a>"#),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    mod users {
+        use std::time::Duration;
+
+        use rmcp::ServiceExt as _;
+        use rmcp::model::CallToolRequestParams;
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        use serde_json::{Value, json};
+
+        use super::super::*;
+
+        /// Upper bound for anything that should be quick.
+        const WAIT: Duration = Duration::from_secs(20);
+        const CLIENT: &str = "app";
+        const REDIRECT: &str = "http://127.0.0.1:1/callback";
+        const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+        const FORM: &str = "application/x-www-form-urlencoded";
+
+        /// The server on a free port with the public client [`CLIENT`];
+        /// stopped on drop.
+        struct Running {
+            server: OAuthServer,
+            base: String,
+            http: reqwest::Client,
+            task: tokio::task::JoinHandle<anyhow::Result<()>>,
+        }
+
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.task.abort();
+            }
+        }
+
+        impl Running {
+            async fn start(options: OAuthServerOptions) -> Self {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let base = format!("http://{}", listener.local_addr().expect("address"));
+                let server = OAuthServer::new(&base, options);
+                let task = tokio::spawn(server.clone().serve(listener));
+                let http = reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .timeout(WAIT)
+                    .build()
+                    .expect("reqwest client");
+                let running = Self {
+                    server,
+                    base,
+                    http,
+                    task,
+                };
+                let (status, body) = running
+                    .post_json(
+                        "/admin/clients",
+                        json!({"client_id": CLIENT, "redirect_uris": [REDIRECT]}),
+                    )
+                    .await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                running
+            }
+
+            fn url(&self, path: &str) -> String {
+                format!("{}{path}", self.base)
+            }
+
+            async fn post_json(&self, path: &str, body: Value) -> (StatusCode, Value) {
+                let response = self
+                    .http
+                    .post(self.url(path))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("POST");
+                let status = response.status();
+                (status, response.json().await.expect("JSON"))
+            }
+
+            async fn post_form(&self, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
+                self.http
+                    .post(self.url(path))
+                    .header(header::CONTENT_TYPE, FORM)
+                    .body(encode(form))
+                    .send()
+                    .await
+                    .expect("POST form")
+            }
+
+            /// `GET /authorize` for [`CLIENT`] (state `st-1`).
+            async fn authorize(&self) -> reqwest::Response {
+                let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(VERIFIER.as_bytes()));
+                let query = encode(&[
+                    ("response_type", "code"),
+                    ("client_id", CLIENT),
+                    ("redirect_uri", REDIRECT),
+                    ("code_challenge", &challenge),
+                    ("code_challenge_method", "S256"),
+                    ("state", "st-1"),
+                ]);
+                self.http
+                    .get(format!("{}?{query}", self.url("/authorize")))
+                    .send()
+                    .await
+                    .expect("GET /authorize")
+            }
+
+            /// The code a redirect back to [`REDIRECT`] carries.
+            fn code_of(&self, response: &reqwest::Response) -> String {
+                assert_eq!(response.status(), StatusCode::FOUND);
+                let location = response.headers()[header::LOCATION]
+                    .to_str()
+                    .expect("ascii Location");
+                assert!(location.starts_with(REDIRECT), "{location}");
+                let url = Url::parse(location).expect("Location is a URL");
+                let param = |name: &str| {
+                    url.query_pairs()
+                        .find(|(key, _)| key == name)
+                        .map(|(_, value)| value.into_owned())
+                };
+                assert_eq!(param("state").as_deref(), Some("st-1"));
+                assert_eq!(param("iss"), Some(self.base.clone()));
+                param("code").expect("code")
+            }
+
+            /// `/token`'s answer to `form`, which must be a success.
+            async fn tokens(&self, form: &[(&str, &str)]) -> Value {
+                let response = self.post_form("/token", form).await;
+                let status = response.status();
+                let body: Value = response.json().await.expect("token JSON");
+                assert_eq!(status, StatusCode::OK, "{body}");
+                body
+            }
+
+            async fn exchange(&self, code: &str) -> Value {
+                self.tokens(&[
+                    ("grant_type", "authorization_code"),
+                    ("code", code),
+                    ("code_verifier", VERIFIER),
+                    ("redirect_uri", REDIRECT),
+                    ("client_id", CLIENT),
+                ])
+                .await
+            }
+
+            /// The text `tool` answers a caller with `access_token`.
+            async fn call(&self, access_token: &str, tool: &str) -> String {
+                let transport = StreamableHttpClientTransport::from_config(
+                    StreamableHttpClientTransportConfig::with_uri(self.url("/mcp"))
+                        .auth_header(access_token),
+                );
+                let client = tokio::time::timeout(WAIT, ().serve(transport))
+                    .await
+                    .expect("initialize timed out")
+                    .expect("initialize");
+                let result = tokio::time::timeout(
+                    WAIT,
+                    client.call_tool(CallToolRequestParams::new(tool.to_owned())),
+                )
+                .await
+                .expect("tools/call timed out")
+                .expect("tools/call");
+                let _ = client.cancel().await;
+                result.content[0].as_text().expect("text").text.clone()
+            }
+
+            /// `GET /admin/tokens`' user of `token`.
+            async fn user_of(&self, token: &str) -> Value {
+                let body: Value = self
+                    .http
+                    .get(self.url("/admin/tokens"))
+                    .send()
+                    .await
+                    .expect("GET /admin/tokens")
+                    .json()
+                    .await
+                    .expect("tokens JSON");
+                body["users"][token].clone()
+            }
+        }
+
+        fn encode(params: &[(&str, &str)]) -> String {
+            url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(params)
+                .finish()
+        }
+
+        fn access_token(tokens: &Value) -> &str {
+            tokens["access_token"].as_str().expect("access_token")
+        }
+
+        #[tokio::test]
+        async fn auto_user_is_the_tokens_user() {
+            let running = Running::start(OAuthServerOptions {
+                clients: vec!["machine:s3cret".parse().expect("ID:SECRET")],
+                ..Default::default()
+            })
+            .await;
+            let code = running.code_of(&running.authorize().await);
+            let tokens = running.exchange(&code).await;
+            let access = access_token(&tokens);
+            assert_eq!(running.call(access, "whoami_user").await, DEFAULT_AUTO_USER);
+            assert_eq!(running.call(access, "whoami").await, CLIENT);
+            assert_eq!(running.user_of(access).await, json!(DEFAULT_AUTO_USER));
+
+            let (status, body) = running
+                .post_json("/admin/auto-user", json!({"user": "bob"}))
+                .await;
+            assert_eq!((status, body), (StatusCode::OK, json!({"user": "bob"})));
+            let code = running.code_of(&running.authorize().await);
+            let tokens = running.exchange(&code).await;
+            let access = access_token(&tokens);
+            assert_eq!(running.call(access, "whoami_user").await, "bob");
+            assert_eq!(running.user_of(access).await, json!("bob"));
+            let refresh = tokens["refresh_token"].as_str().expect("refresh_token");
+            assert_eq!(running.user_of(refresh).await, json!("bob"));
+
+            for bad in [json!({"user": ""}), json!({"user": "a\u{7}b"}), json!({})] {
+                let (status, body) = running.post_json("/admin/auto-user", bad).await;
+                assert_eq!(status, StatusCode::BAD_REQUEST);
+                let description = body["error_description"].as_str().expect("description");
+                assert!(description.contains("user"), "{description}");
+            }
+
+            // client_credentials: the client is its own user.
+            let tokens = running
+                .tokens(&[
+                    ("grant_type", "client_credentials"),
+                    ("client_id", "machine"),
+                    ("client_secret", "s3cret"),
+                ])
+                .await;
+            assert_eq!(
+                running.call(access_token(&tokens), "whoami_user").await,
+                "machine"
+            );
+        }
+
+        #[tokio::test]
+        async fn consent_page_grants_for_the_user_named() {
+            let running = Running::start(OAuthServerOptions {
+                consent_page: true,
+                ..Default::default()
+            })
+            .await;
+            let response = running.authorize().await;
+            assert_eq!(response.status(), StatusCode::OK);
+            let content_type = response.headers()[header::CONTENT_TYPE]
+                .to_str()
+                .expect("ascii content type");
+            assert!(content_type.starts_with("text/html"), "{content_type}");
+            let page = response.text().await.expect("page");
+            assert!(page.contains(r#"name="user""#), "{page}");
+            assert!(page.contains(r#"id="user""#), "{page}");
+            assert!(page.contains(r#"id="approve""#), "{page}");
+            assert!(!page.contains("<script"), "{page}");
+            let id = page
+                .split(r#"name="request" value=""#)
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .expect("hidden request field")
+                .to_owned();
+
+            // A bad user is refused without spending the request.
+            let response = running
+                .post_form("/authorize", &[("request", &id), ("user", "")])
+                .await;
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            let body: Value = response.json().await.expect("error JSON");
+            assert!(
+                body["error_description"]
+                    .as_str()
+                    .expect("description")
+                    .contains("user")
+            );
+
+            let response = running
+                .post_form("/authorize", &[("request", &id), ("user", "carol")])
+                .await;
+            let code = running.code_of(&response);
+            let tokens = running.exchange(&code).await;
+            assert_eq!(
+                running.call(access_token(&tokens), "whoami_user").await,
+                "carol"
+            );
+
+            // Answered once; unknown and expired requests are refused alike.
+            let expired = random_token();
+            {
+                let request = AuthorizationRequest {
+                    client_id: CLIENT.to_owned(),
+                    redirect_uri: REDIRECT.to_owned(),
+                    challenge: URL_SAFE_NO_PAD.encode(Sha256::digest(VERIFIER.as_bytes())),
+                    scope: SCOPE.to_owned(),
+                    nonce: None,
+                    state: None,
+                };
+                let mut store = running.server.shared.store();
+                store
+                    .hold_for_consent(expired.clone(), request, Instant::now())
+                    .unwrap_or_else(|failure| panic!("{}", failure.description));
+                let pending = store.consents.get_mut(&expired).expect("held");
+                pending.expires = Instant::now();
+            }
+            for id in [id.as_str(), "nope", expired.as_str()] {
+                let response = running
+                    .post_form("/authorize", &[("request", id), ("user", "carol")])
+                    .await;
+                assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{id}");
+                let body: Value = response.json().await.expect("error JSON");
+                let description = body["error_description"].as_str().expect("description");
+                assert!(description.starts_with("request"), "{description}");
+            }
+        }
+
+        #[tokio::test]
+        async fn refresh_keeps_the_user() {
+            let running = Running::start(OAuthServerOptions::default()).await;
+            running
+                .server
+                .set_auto_user(User::new("dave").expect("user"));
+            let code = running.code_of(&running.authorize().await);
+            let tokens = running.exchange(&code).await;
+            let refresh = tokens["refresh_token"].as_str().expect("refresh_token");
+            let refreshed = running
+                .tokens(&[
+                    ("grant_type", "refresh_token"),
+                    ("refresh_token", refresh),
+                    ("client_id", CLIENT),
+                ])
+                .await;
+            let access = access_token(&refreshed);
+            assert_eq!(running.call(access, "whoami_user").await, "dave");
+            let rotated = refreshed["refresh_token"].as_str().expect("rotated");
+            assert_eq!(running.user_of(rotated).await, json!("dave"));
+            let stats = running.server.stats();
+            assert_eq!(stats.refresh_grants, 1);
+            assert_eq!(
+                stats.refresh_grants_by_user,
+                BTreeMap::from([("dave".to_owned(), 1)])
+            );
+        }
     }
 }

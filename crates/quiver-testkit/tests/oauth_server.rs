@@ -598,7 +598,7 @@ async fn quiver_oauth_client_authorizes_and_refreshes() {
         .map(|tool| tool.name.to_string())
         .collect();
     names.sort();
-    assert_eq!(names, ["admin_echo", "echo", "whoami"]);
+    assert_eq!(names, ["admin_echo", "echo", "whoami", "whoami_user"]);
 
     let call = |name: &str, args: Value| {
         let Value::Object(args) = args else {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use quiver_model::policy::CompiledTaskPolicy;
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_worker::catalog::{Catalog, CatalogCache};
+use quiver_worker::catalog::{Catalog, CatalogCache, Listing};
 use serde_json::{Value, json};
 
 #[path = "support/chat_stack.rs"]
@@ -104,10 +104,13 @@ async fn run(config: Config) -> BenchResult<()> {
     let cache = CatalogCache::default();
     let offered = Catalog::build(
         &snapshot.current(),
-        &pool,
+        Listing {
+            pool: &pool,
+            principal: None,
+            wait: None,
+        },
         &cache,
         &policy,
-        None,
         None,
         None,
     )
@@ -186,10 +189,13 @@ async fn run(config: Config) -> BenchResult<()> {
             let t = Instant::now();
             let catalog = Catalog::build(
                 &snapshot.current(),
-                &pool,
+                Listing {
+                    pool: &pool,
+                    principal: None,
+                    wait: None,
+                },
                 &cache,
                 &policy,
-                None,
                 None,
                 None,
             )

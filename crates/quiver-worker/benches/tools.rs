@@ -802,7 +802,7 @@ impl Route {
             Route::Catalog(snapshot, runner, task, name) => {
                 let candidates = Catalog::candidate_servers(name);
                 let catalog = runner
-                    .catalog(&snapshot.current(), task, None, Some(&candidates))
+                    .catalog(&snapshot.current(), task, None, None, Some(&candidates))
                     .await;
                 if catalog.resolve(name).is_none() {
                     return Err(format!("{name} does not resolve").into());

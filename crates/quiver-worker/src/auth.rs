@@ -190,6 +190,12 @@ impl CallerId {
         }
     }
 
+    /// The principal whose grants of per-user OAuth connections this
+    /// caller's calls use (R-OAUTH-8); the anonymous caller has none.
+    pub fn grant_principal(&self) -> Option<String> {
+        (*self != Self::ANONYMOUS).then(|| self.principal())
+    }
+
     /// This caller's session `session_id` (a name it chose, or a gateway
     /// session) under `task`, as per-session connections are keyed: another
     /// caller naming the same id has another session, and so has this one

@@ -20,7 +20,7 @@ use crate::approval::{ApprovalFlow, Cleared, Pending, principal_of};
 use crate::artifacts::{Artifact, ArtifactStore};
 use crate::audit::AuditOptions;
 use crate::auth::{CallerId, Task};
-use crate::catalog::{Catalog, CatalogCache, CatalogTool};
+use crate::catalog::{Catalog, CatalogCache, CatalogTool, Listing};
 use crate::error::ErrorObject;
 use crate::schema::SchemaCache;
 use crate::tool_search::{ToolIndex, ToolIndexCache};
@@ -105,6 +105,14 @@ impl From<&CallError> for ErrorObject {
                 approval_id: Some(id),
                 ..
             } => object.with("approval_id", Value::String(id.clone())),
+            // The link goes to the caller only: it is in no message, so in
+            // no log line.
+            CallError::Mcp(McpError::AuthorizationRequired(required)) => object
+                .with("authorization_url", Value::String(required.url.clone()))
+                .with(
+                    "oauth_connection",
+                    Value::String(required.connection.clone()),
+                ),
             _ => object,
         }
     }
@@ -223,6 +231,7 @@ impl CallContext {
             request_id,
             relay: CallOptions {
                 session: session.map(|(kind, id)| caller.session(task, kind, id)),
+                principal: caller.grant_principal(),
                 ..Default::default()
             },
             caller: Some(caller),
@@ -382,17 +391,23 @@ impl ToolRunner {
         &self,
         snapshot: &Snapshot,
         task: &Task,
+        caller: Option<&CallerId>,
         session: Option<&CompiledSessionFilter>,
         only: Option<&BTreeSet<String>>,
     ) -> Catalog {
+        let principal = caller.and_then(CallerId::grant_principal);
+        let listing = Listing {
+            pool: &self.pool,
+            principal: principal.as_deref(),
+            wait: Some(self.catalog_wait_for(snapshot, only)),
+        };
         Catalog::build(
             snapshot,
-            &self.pool,
+            listing,
             &self.catalogs,
             &task.policy,
             session,
             only,
-            Some(self.catalog_wait_for(snapshot, only)),
         )
         .await
     }
@@ -452,7 +467,9 @@ impl ToolRunner {
         call: Call<'_>,
     ) -> Result<CallDone, CallError> {
         let started = Instant::now();
-        let tool = self.resolve(task, call.lookup, call.name).await?;
+        let tool = self
+            .resolve(task, context.caller.as_ref(), call.lookup, call.name)
+            .await?;
         let arguments = arguments_object(call.arguments)?;
         let cleared = match Cleared::not_needed(&tool) {
             Some(cleared) => cleared,
@@ -472,6 +489,7 @@ impl ToolRunner {
     async fn resolve(
         &self,
         task: &Task,
+        caller: Option<&CallerId>,
         lookup: Lookup<'_>,
         name: &str,
     ) -> Result<CatalogTool, CallError> {
@@ -488,7 +506,7 @@ impl ToolRunner {
                     return Err(CallError::not_available(name));
                 }
                 let catalog = self
-                    .catalog(snapshot, task, session, Some(&candidates))
+                    .catalog(snapshot, task, caller, session, Some(&candidates))
                     .await;
                 if let Some(tool) = catalog.resolve(name) {
                     return Ok(tool.clone());
@@ -500,7 +518,9 @@ impl ToolRunner {
                 server_id,
             } => {
                 let only = BTreeSet::from([server_id.to_owned()]);
-                let catalog = self.catalog(snapshot, task, None, Some(&only)).await;
+                let catalog = self
+                    .catalog(snapshot, task, caller, None, Some(&only))
+                    .await;
                 if let Some(tool) = catalog.own_named().find(|tool| tool.exposed_name == name) {
                     return Ok(tool.clone());
                 }

@@ -94,16 +94,32 @@ pub struct Unavailable {
     pub error: McpError,
 }
 
-/// The server's tool list, waiting at most `wait` for it (see
-/// [`McpPool::list_tools_within`]).
-async fn list_within(
-    pool: &McpPool,
-    server: &Arc<StoredServer>,
-    wait: Option<Duration>,
-) -> Result<Arc<Vec<Tool>>, McpError> {
-    match wait {
-        Some(wait) => pool.list_tools_within(server, wait).await,
-        None => pool.list_tools(server).await,
+/// Where a catalog's tool lists come from: the pool, as the caller
+/// `principal` gets them (a server whose OAuth connection is per user is
+/// listed through the caller's own grant, see
+/// [`McpPool::list_tools_for`]), waiting at most `wait` for any one server
+/// (see [`McpPool::list_tools_within`]).
+#[derive(Clone, Copy)]
+pub struct Listing<'a> {
+    /// The pool.
+    pub pool: &'a McpPool,
+    /// The caller's principal.
+    pub principal: Option<&'a str>,
+    /// How long one server's listing may take.
+    pub wait: Option<Duration>,
+}
+
+impl Listing<'_> {
+    /// `server`'s tool list.
+    async fn of(&self, server: &Arc<StoredServer>) -> Result<Arc<Vec<Tool>>, McpError> {
+        match self.wait {
+            Some(wait) => {
+                self.pool
+                    .list_tools_within(server, self.principal, wait)
+                    .await
+            }
+            None => self.pool.list_tools_for(server, self.principal).await,
+        }
     }
 }
 
@@ -310,12 +326,11 @@ impl Catalog {
     /// selects it together with others for its whole connect timeout.
     pub async fn build(
         snapshot: &Snapshot,
-        pool: &McpPool,
+        listing: Listing<'_>,
         cache: &CatalogCache,
         task: &Arc<CompiledTaskPolicy>,
         session: Option<&CompiledSessionFilter>,
         only: Option<&BTreeSet<String>>,
-        wait: Option<Duration>,
     ) -> Catalog {
         let selected: Vec<_> = snapshot
             .servers
@@ -323,12 +338,8 @@ impl Catalog {
             .filter(|server| only.is_none_or(|ids| ids.contains(&server.spec.server_id)))
             .filter(|server| server_selected(&server.spec, task, session).is_ok())
             .collect();
-        let listings = futures::future::join_all(
-            selected
-                .iter()
-                .map(|server| list_within(pool, server, wait)),
-        )
-        .await;
+        let listings =
+            futures::future::join_all(selected.iter().map(|server| listing.of(server))).await;
         let mut catalog = Catalog::default();
         for (server, listing) in selected.into_iter().zip(listings) {
             match listing {

@@ -12,6 +12,14 @@
 //! - client credentials: [`OAuthBroker::connect`] asks for a token at once,
 //!   and again whenever one is needed.
 //!
+//! A connection with `per_user` (R-OAUTH-8) keeps one grant per caller
+//! principal instead: a principal without one gets a consent link
+//! ([`Issued::Consent`]: absolute, single-use, bound to the principal and the
+//! connection, expiring), whose first visit ([`OAuthBroker::follow_link`])
+//! starts the authorization-code flow for that principal only; the callback
+//! stores the grant under the principal. Each grant is sealed bound to its
+//! connection and principal, refreshed under its own lease.
+//!
 //! Refresh happens on demand ([`OAuthBroker::access_token`]) under a lease
 //! row in the database, so of all replicas exactly one refreshes a token;
 //! the others wait for the lease and then find the new token. A refresh the
@@ -25,10 +33,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use oauth2::TokenResponse as _;
-use quiver_mcp::credentials::{Bearer, CredentialSource, Renewal, token_fingerprint};
+use quiver_mcp::credentials::{
+    Bearer, CredentialError, CredentialSource, GrantRef, Renewal, token_fingerprint,
+};
 use quiver_store::{
-    OAuthAuthorizationRow, OAuthConnectionRow, OAuthStatus, OAuthTokens, SecretUpdate, Store,
-    StoreError,
+    GrantKey, OAuthAuthorizationRow, OAuthConnectionRow, OAuthStatus, OAuthTicketRow, OAuthTokens,
+    SecretUpdate, Store, StoreError,
 };
 use rmcp::transport::auth::{
     AuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
@@ -38,7 +48,7 @@ use rmcp::transport::auth::{
 use serde::{Deserialize, Serialize};
 
 use super::seal::Keyring;
-use super::spec::{Grant, OAuthConnectionSpec, OAuthConnectionView, check_name};
+use super::spec::{Grant, OAuthConnectionSpec, OAuthConnectionView, OAuthGrantView, check_name};
 use crate::error::RegistryError;
 
 /// Bound on each network step of a flow (discovery, registration, token
@@ -56,6 +66,12 @@ const LEASE_POLL: Duration = Duration::from_millis(50);
 /// A token is handed out until this long before its expiry (at most half
 /// its lifetime); after that it is refreshed first.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+/// Workers ask again for a principal's token at least this often, so a
+/// grant revoked (by the principal on any worker, or by an admin) stops
+/// serving calls on every worker within it.
+pub const GRANT_RECHECK: Duration = Duration::from_secs(10);
+/// Where a consent link points, below the public URL.
+pub const LINK_PATH: &str = "/oauth/authorize";
 
 /// A current access token for a worker.
 #[derive(Clone)]
@@ -70,6 +86,8 @@ pub struct IssuedToken {
     /// refreshed tokens keep it, a new consent changes it, so a worker never
     /// carries two grants' tokens over one MCP session.
     pub grant_id: String,
+    /// The connection keeps one grant per caller; this is the principal's.
+    pub per_user: bool,
 }
 
 impl std::fmt::Debug for IssuedToken {
@@ -79,6 +97,44 @@ impl std::fmt::Debug for IssuedToken {
             .field("grant_id", &self.grant_id)
             .finish_non_exhaustive()
     }
+}
+
+/// A link that starts one principal's consent for a per-user connection.
+pub struct ConsentLink {
+    /// Absolute; its last path segment is the secret.
+    pub url: String,
+    /// When it stops working.
+    pub expires_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for ConsentLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsentLink")
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a token request gets.
+#[derive(Debug)]
+pub enum Issued {
+    /// A current token.
+    Token(IssuedToken),
+    /// A per-user connection and a principal without a grant: its person
+    /// consents at the link first.
+    Consent(ConsentLink),
+    /// A per-user connection asked without a principal: no token of it
+    /// serves anyone but a caller.
+    NoPrincipal,
+}
+
+/// Whose grant a finished authorization stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorized {
+    /// The connection.
+    pub connection: String,
+    /// The principal of a per-user grant; `None`: the connection's own.
+    pub principal: Option<String>,
 }
 
 /// What pressing "Connect" leads to.
@@ -167,6 +223,8 @@ struct Pending {
 pub struct OAuthBroker {
     store: Arc<dyn Store>,
     keyring: Option<Keyring>,
+    /// Where browsers reach the registry (consent links).
+    public_url: String,
     callback_url: String,
     holder: String,
     /// The registry's egress allowlist over every request of a flow; `None`
@@ -211,6 +269,32 @@ async fn bounded<T>(
 
 fn binding(name: &str, column: &str) -> String {
     format!("{name}/{column}")
+}
+
+/// What a grant's sealed tokens are bound to: its connection, and the
+/// principal of a per-user grant (connection names hold no '/'), so one
+/// principal's tokens never open as another's.
+fn sealing_owner(name: &str, principal: Option<&str>) -> String {
+    match principal {
+        None => name.to_owned(),
+        Some(principal) => format!("{name}/{principal}"),
+    }
+}
+
+/// The grant a row's token fields belong to.
+fn key_of(row: &OAuthConnectionRow) -> GrantKey<'_> {
+    GrantKey {
+        connection: &row.name,
+        principal: row.principal.as_deref(),
+    }
+}
+
+/// Who a grant is, in messages and audit lines.
+fn whose(grant: GrantKey<'_>) -> String {
+    match grant.principal {
+        None => format!("connection {:?}", grant.connection),
+        Some(principal) => format!("{principal}'s grant of connection {:?}", grant.connection),
+    }
 }
 
 fn epoch_secs(at: DateTime<Utc>) -> u64 {
@@ -283,18 +367,21 @@ impl StateStore for OneState {
 impl OAuthBroker {
     /// A broker over `store`; without a keyring every operation that would
     /// store a secret is refused, naming the missing setting.
-    /// `callback_url` is where authorization servers send the browser back
-    /// (`…/admin/oauth/callback`); `holder` names this replica in leases.
+    /// `public_url` is where browsers reach the registry: authorization
+    /// servers send them back to its [`CALLBACK_PATH`], consent links point
+    /// below its [`LINK_PATH`]; `holder` names this replica in leases.
     pub fn new(
         store: Arc<dyn Store>,
         keyring: Option<Keyring>,
-        callback_url: String,
+        public_url: &str,
         holder: String,
     ) -> Self {
+        let public_url = public_url.trim_end_matches('/').to_owned();
         OAuthBroker {
             store,
             keyring,
-            callback_url,
+            callback_url: format!("{public_url}{CALLBACK_PATH}"),
+            public_url,
             holder,
             egress: None,
         }
@@ -364,7 +451,8 @@ impl OAuthBroker {
         let Some(sealed) = row.credentials.as_deref() else {
             return Ok(None);
         };
-        let json = self.open(&row.name, "credentials", sealed)?;
+        let owner = sealing_owner(&row.name, row.principal.as_deref());
+        let json = self.open(&owner, "credentials", sealed)?;
         serde_json::from_str(&json).map(Some).map_err(|err| {
             RegistryError::Internal(format!(
                 "oauth connection {:?} credentials: {err}",
@@ -501,6 +589,11 @@ impl OAuthBroker {
         self.keyring()?;
         let row = self.row(name).await?;
         let spec = Self::spec_of(&row)?;
+        if spec.per_user {
+            return Err(RegistryError::FailedPrecondition(format!(
+                "oauth connection {name:?} is per user: each caller connects its own account through the link its first call gets (mcp_authorization_required)"
+            )));
+        }
         let secret = self.secret_of(&row)?;
         let result = match spec.grant {
             Grant::ClientCredentials => self
@@ -509,28 +602,31 @@ impl OAuthBroker {
                 .and_then(|(row, _)| {
                     OAuthConnectionView::of(&row, Utc::now()).map(ConnectOutcome::Connected)
                 }),
-            Grant::AuthorizationCode => self.start_authorization(&row, &spec, secret).await,
+            Grant::AuthorizationCode => self.start_authorization(&row, &spec, secret, None).await,
         };
-        self.note_failure(name, &result).await;
+        self.note_failure(GrantKey::fleet(name), &result).await;
         if result.is_ok() {
             audit("oauth_connect", name, actor, None);
         }
         result
     }
 
-    async fn note_failure<T>(&self, name: &str, result: &Result<T, RegistryError>) {
+    async fn note_failure<T>(&self, grant: GrantKey<'_>, result: &Result<T, RegistryError>) {
         if let Err(err) = result
             && matches!(err, RegistryError::McpUnavailable { .. })
         {
-            let _ = self.store.set_oauth_error(name, &err.to_string()).await;
+            let _ = self.store.set_oauth_error(grant, &err.to_string()).await;
         }
     }
 
+    /// Starts an authorization-code flow of `row`'s connection, for
+    /// `principal`'s grant or (`None`) the connection's own.
     async fn start_authorization(
         &self,
         row: &OAuthConnectionRow,
         spec: &OAuthConnectionSpec,
         secret: Option<String>,
+        principal: Option<&str>,
     ) -> Result<ConnectOutcome, RegistryError> {
         let mut manager = self.discovered(spec, true).await?;
         let captured = OneState::default();
@@ -582,6 +678,7 @@ impl OAuthBroker {
             .create_oauth_authorization(OAuthAuthorizationRow {
                 state: csrf.clone(),
                 name: row.name.clone(),
+                principal: principal.map(str::to_owned),
                 generation: row.generation,
                 payload: self.seal(&csrf, "authorization", &payload)?,
                 created_at: now,
@@ -610,7 +707,7 @@ impl OAuthBroker {
         &self,
         params: CallbackParams,
         cookie: impl Fn(&str) -> Option<String>,
-    ) -> Result<String, RegistryError> {
+    ) -> Result<Authorized, RegistryError> {
         self.keyring()?;
         let state = params
             .state
@@ -661,13 +758,22 @@ impl OAuthBroker {
             .await
             .map_err(store_error)?
             .ok_or_else(mismatch)?;
-        let name = pending.name.clone();
-        let result = self.finish_authorization(pending, &params).await;
-        self.note_failure(&name, &result).await;
-        if result.is_ok() {
-            audit("oauth_connected", &name, "oauth-callback", None);
+        let authorized = Authorized {
+            connection: pending.name.clone(),
+            principal: pending.principal.clone(),
+        };
+        let grant = GrantKey {
+            connection: &authorized.connection,
+            principal: authorized.principal.as_deref(),
+        };
+        let result = self.finish_authorization(pending.clone(), &params).await;
+        if grant.principal.is_none() {
+            self.note_failure(grant, &result).await;
         }
-        result.map(|()| name)
+        if result.is_ok() {
+            audit_grant("oauth_connected", grant, "oauth-callback", None);
+        }
+        result.map(|()| authorized)
     }
 
     async fn finish_authorization(
@@ -736,25 +842,34 @@ impl OAuthBroker {
             .ok()
             .flatten()
             .ok_or_else(|| step("token exchange", "no token was stored"))?;
-        self.save(&row, &credentials, false).await?;
+        let grant = GrantKey {
+            connection: &row.name,
+            principal: pending.principal.as_deref(),
+        };
+        self.save(grant, row.generation, &credentials, false)
+            .await?;
         Ok(())
     }
 
+    /// Stores `credentials` as `grant`'s tokens, conditional on
+    /// `generation` (see [`Store::store_oauth_tokens`]).
     async fn save(
         &self,
-        row: &OAuthConnectionRow,
+        grant: GrantKey<'_>,
+        generation: u64,
         credentials: &StoredCredentials,
         refreshed: bool,
     ) -> Result<OAuthConnectionRow, RegistryError> {
         let json = serde_json::to_string(credentials)
             .map_err(|err| RegistryError::Internal(err.to_string()))?;
+        let owner = sealing_owner(grant.connection, grant.principal);
         let tokens = OAuthTokens {
-            credentials: self.seal(&row.name, "credentials", &json)?,
+            credentials: self.seal(&owner, "credentials", &json)?,
             expires_at: expiry_of(credentials),
             refreshed,
         };
         self.store
-            .store_oauth_tokens(&row.name, row.generation, tokens)
+            .store_oauth_tokens(grant, generation, tokens)
             .await
             .map_err(store_error)?
             .ok_or_else(|| {
@@ -799,47 +914,80 @@ impl OAuthBroker {
             spec.scopes.clone(),
             Some(epoch_secs(Utc::now())),
         );
-        let row = self.save(row, &credentials, refreshed).await?;
+        let row = self
+            .save(
+                GrantKey::fleet(&row.name),
+                row.generation,
+                &credentials,
+                refreshed,
+            )
+            .await?;
         Ok((row, credentials))
     }
 
-    /// A current access token of connection `name` for a worker. With
-    /// [`Renewal::Rejected`] (the fingerprint of a token the server refused)
-    /// a token with that fingerprint is not handed out again: it is
-    /// refreshed, once across all replicas. [`Renewal::StepUp`]: see
-    /// [`OAuthBroker::step_up`].
+    /// A current access token of connection `name` (the registry's own
+    /// use: a fleet-wide grant). With [`Renewal::Rejected`] (the
+    /// fingerprint of a token the server refused) a token with that
+    /// fingerprint is not handed out again: it is refreshed, once across all
+    /// replicas. [`Renewal::StepUp`]: see [`OAuthBroker::step_up`].
     pub async fn access_token(
         &self,
         name: &str,
         renewal: Renewal<'_>,
     ) -> Result<IssuedToken, RegistryError> {
         let actor = self.holder.clone();
-        self.access_token_for(name, renewal, &actor).await
+        match self.access_token_for(name, None, renewal, &actor).await? {
+            Issued::Token(token) => Ok(token),
+            Issued::Consent(_) | Issued::NoPrincipal => Err(no_principal(name)),
+        }
     }
 
-    /// [`OAuthBroker::access_token`] asked by `actor` (the worker, audited
-    /// with a step-up).
+    /// A current access token of connection `name` for a call by
+    /// `principal` (a per-user connection's grant of that principal; a
+    /// fleet-wide connection ignores it), asked by `actor` (the worker,
+    /// audited with a step-up). A principal without a grant gets a consent
+    /// link instead.
     pub async fn access_token_for(
         &self,
         name: &str,
+        principal: Option<&str>,
         renewal: Renewal<'_>,
         actor: &str,
-    ) -> Result<IssuedToken, RegistryError> {
+    ) -> Result<Issued, RegistryError> {
         self.keyring()?;
+        let connection = self.row(name).await?;
+        let spec = Self::spec_of(&connection)?;
+        let grant = match (spec.per_user, principal) {
+            (false, _) => GrantKey::fleet(name),
+            (true, Some(principal)) => GrantKey::user(name, principal),
+            (true, None) => return Ok(Issued::NoPrincipal),
+        };
         let rejected = match renewal {
             Renewal::Current => None,
             Renewal::Rejected(fingerprint) => Some(fingerprint),
-            Renewal::StepUp(scope) => return self.step_up(name, scope, actor).await,
+            Renewal::StepUp(scope) if grant.principal.is_none() => {
+                return self.step_up(name, scope, actor).await.map(Issued::Token);
+            }
+            Renewal::StepUp(scope) => {
+                return Err(step(
+                    "step-up",
+                    format!(
+                        "per-user connection {name:?} widens no one principal's scopes (the server asked for {scope}); an admin widens its scopes, and every principal consents again"
+                    ),
+                ));
+            }
         };
-        let row = self.row(name).await?;
+        let Some(row) = self.grant_row(grant).await? else {
+            return self.consent(grant).await;
+        };
         if let Some(token) = self.usable(&row, rejected)? {
-            return Ok(token);
+            return Ok(Issued::Token(token));
         }
         let deadline = tokio::time::Instant::now() + LEASE_WAIT;
         loop {
             if self
                 .store
-                .acquire_oauth_lease(name, &self.holder, LEASE_TTL)
+                .acquire_oauth_lease(grant, &self.holder, LEASE_TTL)
                 .await
                 .map_err(store_error)?
             {
@@ -847,28 +995,193 @@ impl OAuthBroker {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(RegistryError::Unavailable(format!(
-                    "oauth connection {name:?}: another registry replica has been refreshing its token for {} s",
+                    "oauth {}: another registry replica has been refreshing its token for {} s",
+                    whose(grant),
                     LEASE_WAIT.as_secs()
                 )));
             }
             tokio::time::sleep(LEASE_POLL).await;
-            let row = self.row(name).await?;
+            let Some(row) = self.grant_row(grant).await? else {
+                return self.consent(grant).await;
+            };
             if let Some(token) = self.usable(&row, rejected)? {
-                return Ok(token);
+                return Ok(Issued::Token(token));
             }
         }
         // Under the lease: another replica may have refreshed in between.
         let result = async {
-            let row = self.row(name).await?;
+            let Some(row) = self.grant_row(grant).await? else {
+                return Ok(None);
+            };
             if let Some(token) = self.usable(&row, rejected)? {
-                return Ok(token);
+                return Ok(Some(token));
             }
-            self.refresh(&row).await
+            self.refresh(&row).await.map(Some)
         }
         .await;
-        let _ = self.store.release_oauth_lease(name, &self.holder).await;
-        self.note_failure(name, &result).await;
+        let _ = self.store.release_oauth_lease(grant, &self.holder).await;
+        self.note_failure(grant, &result).await;
+        match result {
+            Ok(Some(token)) => Ok(Issued::Token(token)),
+            // Revoked meanwhile, or its refresh token refused: the
+            // principal consents (again).
+            Ok(None) => self.consent(grant).await,
+            Err(_) if grant.principal.is_some() && self.grant_row(grant).await?.is_none() => {
+                self.consent(grant).await
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// `grant`'s row when it holds tokens to use or refresh; `None` for a
+    /// principal who has not consented (or must again).
+    async fn grant_row(
+        &self,
+        grant: GrantKey<'_>,
+    ) -> Result<Option<OAuthConnectionRow>, RegistryError> {
+        let row = self
+            .store
+            .get_oauth_grant(grant)
+            .await
+            .map_err(store_error)?;
+        Ok(match (grant.principal, row) {
+            (None, None) => {
+                return Err(RegistryError::NotFound(format!(
+                    "oauth connection {:?} not found",
+                    grant.connection
+                )));
+            }
+            (Some(_), Some(row)) if row.status != OAuthStatus::Connected => None,
+            (_, row) => row,
+        })
+    }
+
+    /// A consent link for `grant`'s principal (see [`Issued::Consent`]);
+    /// its secret is stored as its SHA-256 only.
+    async fn consent(&self, grant: GrantKey<'_>) -> Result<Issued, RegistryError> {
+        let Some(principal) = grant.principal else {
+            return Err(RegistryError::Internal(
+                "a consent link for a fleet-wide connection".into(),
+            ));
+        };
+        let secret = format!(
+            "{:032x}{:032x}",
+            rand::random::<u128>(),
+            rand::random::<u128>()
+        );
+        let now = Utc::now();
+        let expires_at = now + chrono::Duration::from_std(AUTHORIZATION_TTL).unwrap_or_default();
+        self.store
+            .create_oauth_ticket(OAuthTicketRow {
+                ticket_sha256: token_fingerprint(&secret),
+                name: grant.connection.to_owned(),
+                principal: principal.to_owned(),
+                created_at: now,
+                expires_at,
+            })
+            .await
+            .map_err(store_error)?;
+        audit_grant("oauth_consent_link", grant, &self.holder, Some(expires_at));
+        Ok(Issued::Consent(ConsentLink {
+            url: format!("{}{LINK_PATH}/{secret}", self.public_url),
+            expires_at,
+        }))
+    }
+
+    /// The first visit of a consent link: takes it (once) and starts the
+    /// authorization-code flow of its principal's grant, bound to this
+    /// browser like Connect. A link used, expired, unknown or of a
+    /// connection no longer per user is refused naming the step, and
+    /// nothing is stored.
+    pub async fn follow_link(&self, secret: &str) -> Result<ConnectOutcome, RegistryError> {
+        self.keyring()?;
+        let refused = || {
+            step(
+                "link",
+                "this authorization link was used already, has expired or was never issued; call the tool again for a new one",
+            )
+        };
+        if secret.len() != 64 || !secret.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(refused());
+        }
+        let ticket = self
+            .store
+            .take_oauth_ticket(&token_fingerprint(secret))
+            .await
+            .map_err(store_error)?
+            .ok_or_else(refused)?;
+        if ticket.expires_at <= Utc::now() {
+            return Err(refused());
+        }
+        let row = self.row(&ticket.name).await?;
+        let spec = Self::spec_of(&row)?;
+        if !spec.per_user {
+            return Err(step(
+                "link",
+                format!(
+                    "connection {:?} is no longer per user; call the tool again",
+                    ticket.name
+                ),
+            ));
+        }
+        let secret = self.secret_of(&row)?;
+        let grant = GrantKey::user(&ticket.name, &ticket.principal);
+        let result = self
+            .start_authorization(&row, &spec, secret, Some(&ticket.principal))
+            .await;
+        if result.is_ok() {
+            audit_grant("oauth_consent_started", grant, "oauth-link", None);
+        }
         result
+    }
+
+    /// Principals' grants of per-user connections (of `connection` and/or
+    /// `principal`), never a token.
+    pub async fn grants(
+        &self,
+        connection: Option<&str>,
+        principal: Option<&str>,
+    ) -> Result<Vec<OAuthGrantView>, RegistryError> {
+        if let Some(connection) = connection {
+            self.row(connection).await?;
+        }
+        let now = Utc::now();
+        Ok(self
+            .store
+            .list_oauth_user_grants(connection, principal)
+            .await
+            .map_err(store_error)?
+            .iter()
+            .filter_map(|row| OAuthGrantView::of(row, now))
+            .collect())
+    }
+
+    /// Revokes `principal`'s grant of `connection` (its tokens and pending
+    /// links and flows); `actor` is audited. Workers stop using it within
+    /// [`GRANT_RECHECK`].
+    pub async fn revoke_grant(
+        &self,
+        connection: &str,
+        principal: &str,
+        actor: &str,
+    ) -> Result<(), RegistryError> {
+        if !self
+            .store
+            .delete_oauth_user_grant(connection, principal)
+            .await
+            .map_err(store_error)?
+        {
+            return Err(RegistryError::NotFound(format!(
+                "{principal} has no grant of oauth connection {connection:?}"
+            )));
+        }
+        audit_grant(
+            "oauth_grant_revoked",
+            GrantKey::user(connection, principal),
+            actor,
+            None,
+        );
+        Ok(())
     }
 
     /// The stored token when it may be handed out: connected, not about to
@@ -920,12 +1233,7 @@ impl OAuthBroker {
         if refresh_at.is_some_and(|at| at <= Utc::now()) {
             return Ok(None);
         }
-        Ok(Some(IssuedToken {
-            access_token,
-            expires_at: expiry_of(&credentials),
-            refresh_at,
-            grant_id: grant_id(row)?,
-        }))
+        Ok(Some(issued(row, access_token, &credentials)?))
     }
 
     async fn refresh(&self, row: &OAuthConnectionRow) -> Result<IssuedToken, RegistryError> {
@@ -997,23 +1305,22 @@ impl OAuthBroker {
                 .ok()
                 .flatten()
                 .ok_or_else(|| step("refresh", "no token was stored"))?;
-            (self.save(row, &credentials, true).await?, credentials)
+            (
+                self.save(key_of(row), row.generation, &credentials, true)
+                    .await?,
+                credentials,
+            )
         };
         metrics::counter!("quiver_oauth_refreshes_total", "result" => "ok").increment(1);
-        audit(
+        audit_grant(
             "oauth_refresh",
-            &row.name,
+            key_of(&row),
             &self.holder,
             expiry_of(&credentials),
         );
         let access_token = access_token_of(&credentials)
             .ok_or_else(|| step("refresh", "the response carries no access token"))?;
-        Ok(IssuedToken {
-            access_token,
-            expires_at: expiry_of(&credentials),
-            refresh_at: refresh_at(&credentials),
-            grant_id: grant_id(&row)?,
-        })
+        issued(&row, access_token, &credentials)
     }
 
     /// Step-up: the server answered 403 `insufficient_scope` asking for
@@ -1130,18 +1437,19 @@ impl OAuthBroker {
 
     async fn reconsent(&self, row: &OAuthConnectionRow, error: &str) -> Result<(), RegistryError> {
         self.store
-            .set_oauth_needs_reconsent(&row.name, row.generation, error)
+            .set_oauth_needs_reconsent(key_of(row), row.generation, error)
             .await
             .map_err(store_error)?;
-        audit("oauth_needs_reconsent", &row.name, &self.holder, None);
+        audit_grant("oauth_needs_reconsent", key_of(row), &self.holder, None);
         Ok(())
     }
 }
 
 /// Whose authority a connection's tokens carry. Authorization code: the
 /// person who consented, so each consent is a grant of its own (the
-/// connection and the moment it was connected). Client credentials: the
-/// client itself, whatever its token's scopes.
+/// connection, the principal of a per-user grant, and the moment it was
+/// connected). Client credentials: the client itself, whatever its token's
+/// scopes.
 fn grant_id(row: &OAuthConnectionRow) -> Result<String, RegistryError> {
     let spec = OAuthBroker::spec_of(row)?;
     let principal = match (spec.grant, &spec.client_id) {
@@ -1153,14 +1461,55 @@ fn grant_id(row: &OAuthConnectionRow) -> Result<String, RegistryError> {
                 .unwrap_or_default()
         ),
     };
-    Ok(token_fingerprint(&format!("{}\n{principal}", row.name))[..16].to_owned())
+    let owner = match &row.principal {
+        None => row.name.clone(),
+        Some(user) => format!("{}\nuser\n{user}", row.name),
+    };
+    Ok(token_fingerprint(&format!("{owner}\n{principal}"))[..16].to_owned())
+}
+
+/// The token of `row` as handed out: a principal's is asked for again
+/// within [`GRANT_RECHECK`], so a revoked grant stops serving soon.
+fn issued(
+    row: &OAuthConnectionRow,
+    access_token: String,
+    credentials: &StoredCredentials,
+) -> Result<IssuedToken, RegistryError> {
+    let mut refresh_at = refresh_at(credentials);
+    if row.principal.is_some() {
+        let recheck = Utc::now() + chrono::Duration::from_std(GRANT_RECHECK).unwrap_or_default();
+        refresh_at = Some(refresh_at.map_or(recheck, |at| at.min(recheck)));
+    }
+    Ok(IssuedToken {
+        access_token,
+        expires_at: expiry_of(credentials),
+        refresh_at,
+        grant_id: grant_id(row)?,
+        per_user: row.principal.is_some(),
+    })
+}
+
+fn no_principal(name: &str) -> RegistryError {
+    RegistryError::FailedPrecondition(format!(
+        "oauth connection {name:?} is per user: its tokens serve a caller's own requests only"
+    ))
 }
 
 fn audit(action: &'static str, name: &str, actor: &str, expires_at: Option<DateTime<Utc>>) {
+    audit_grant(action, GrantKey::fleet(name), actor, expires_at);
+}
+
+fn audit_grant(
+    action: &'static str,
+    grant: GrantKey<'_>,
+    actor: &str,
+    expires_at: Option<DateTime<Utc>>,
+) {
     tracing::info!(
         target: "quiver::audit",
         action,
-        oauth_connection = %name,
+        oauth_connection = %grant.connection,
+        principal = grant.principal.unwrap_or(""),
         actor = %actor,
         expires_at = ?expires_at,
         "oauth"
@@ -1171,14 +1520,19 @@ fn audit(action: &'static str, name: &str, actor: &str, expires_at: Option<DateT
 /// straight from the broker.
 #[async_trait]
 impl CredentialSource for OAuthBroker {
-    async fn bearer(&self, auth_ref: &str, renewal: Renewal<'_>) -> Result<Bearer, String> {
+    async fn bearer(
+        &self,
+        grant: &GrantRef,
+        renewal: Renewal<'_>,
+    ) -> Result<Bearer, CredentialError> {
         let token = self
-            .access_token(auth_ref, renewal)
+            .access_token(&grant.auth_ref, renewal)
             .await
-            .map_err(|err| err.to_string())?;
+            .map_err(|err| CredentialError::Unavailable(err.to_string()))?;
         Ok(Bearer {
             token: token.access_token,
             grant_id: token.grant_id,
+            per_user: token.per_user,
         })
     }
 }

@@ -2,10 +2,16 @@
 //! `GET /admin/api/oauth/connections/{name}` (status, never a secret: the
 //! viewer, editor and admin roles), `PUT|DELETE
 //! /admin/api/oauth/connections/{name}` and `POST
-//! /admin/api/oauth/connections/{name}/connect` (admin only); and the browser's way back
-//! from the authorization server, `GET /admin/oauth/callback`, which needs no
-//! token: it carries the flow's one-time `state` instead, and completes only
-//! in the browser that pressed Connect (the flow's cookie, set by Connect).
+//! /admin/api/oauth/connections/{name}/connect` (admin only); principals'
+//! grants of per-user connections, `GET
+//! /admin/api/oauth/connections/{name}/grants` (viewer and up) and `DELETE
+//! …/grants/{principal}` (admin); and the browser's ways, which need no
+//! token: a consent link `GET /oauth/authorize/{secret}` (the link's
+//! one-time secret instead: it starts its principal's flow, binding it to
+//! the browser by the flow's cookie), the way back from the authorization
+//! server `GET /admin/oauth/callback` (the flow's one-time `state`;
+//! completes only in the browser that pressed Connect or followed the link),
+//! and `GET /oauth/connected`, the page a person lands on after consenting.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -16,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::broker::{CallbackParams, ConnectOutcome};
+use super::broker::{CallbackParams, ConnectOutcome, FlowCookie};
 use super::spec::OAuthConnectionSpec;
 use crate::error::RegistryError;
 use crate::rest::{Caller, RequireAdmin, RequireViewer};
@@ -31,6 +37,29 @@ pub fn router() -> Router<RegistryState> {
             get(show).put(put).delete(delete),
         )
         .route("/oauth/connections/{name}/connect", post(connect))
+        .route("/oauth/connections/{name}/grants", get(grants))
+        .route(
+            "/oauth/connections/{name}/grants/{principal}",
+            axum::routing::delete(revoke_grant),
+        )
+}
+
+async fn grants(
+    _: RequireViewer,
+    State(state): State<RegistryState>,
+    Path(name): Path<String>,
+) -> Result<Response, RegistryError> {
+    let grants = state.oauth.grants(Some(&name), None).await?;
+    Ok(axum::Json(json!({ "grants": grants })).into_response())
+}
+
+async fn revoke_grant(
+    RequireAdmin(Caller { actor, .. }): RequireAdmin,
+    State(state): State<RegistryState>,
+    Path((name, principal)): Path<(String, String)>,
+) -> Result<Response, RegistryError> {
+    state.oauth.revoke_grant(&name, &principal, &actor).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn list(
@@ -107,41 +136,95 @@ pub async fn callback(
         }),
     };
     match result {
-        Ok(name) => (
-            StatusCode::SEE_OTHER,
-            [
-                (
-                    header::LOCATION,
-                    format!("/admin/oauth?connected={}", url_component(&name)),
+        Ok(authorized) => {
+            // A principal's consent lands on a page for anyone; an admin's
+            // Connect back on the web admin.
+            let location = match &authorized.principal {
+                Some(_) => format!(
+                    "/oauth/connected?connection={}",
+                    url_component(&authorized.connection)
                 ),
-                // The flow is done: its cookie is of no further use.
-                (
-                    header::SET_COOKIE,
-                    format!(
-                        "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
-                        super::broker::FlowCookie::name_for(&name),
-                        super::broker::CALLBACK_PATH
-                    ),
+                None => format!(
+                    "/admin/oauth?connected={}",
+                    url_component(&authorized.connection)
                 ),
-            ],
-        )
-            .into_response(),
-        Err(err) => {
-            let status = err.code().http();
-            let page = format!(
-                "<!doctype html><meta charset=\"utf-8\"><title>OAuth connection failed</title>\
-                 <h1>OAuth connection failed</h1><p id=\"oauth-error\">{}</p>\
-                 <p><a href=\"/admin/oauth\">Back to the OAuth connections</a></p>",
-                html_escaped(&err.to_string())
-            );
+            };
             (
-                status,
-                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-                page,
+                StatusCode::SEE_OTHER,
+                [
+                    (header::LOCATION, location),
+                    // The flow is done: its cookie is of no further use.
+                    (
+                        header::SET_COOKIE,
+                        format!(
+                            "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
+                            FlowCookie::name_for(&authorized.connection),
+                            super::broker::CALLBACK_PATH
+                        ),
+                    ),
+                ],
             )
                 .into_response()
         }
+        Err(err) => failure_page(&err),
     }
+}
+
+/// `GET /oauth/authorize/{secret}`: a consent link's first visit sends the
+/// browser on to the authorization server (with the flow's cookie); any
+/// other visit gets a page naming the step.
+pub async fn follow_link(
+    State(state): State<RegistryState>,
+    Path(secret): Path<String>,
+) -> Response {
+    match state.oauth.follow_link(&secret).await {
+        Ok(ConnectOutcome::Redirect { url, cookie }) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::LOCATION, url),
+                (header::SET_COOKIE, cookie.header_value()),
+            ],
+        )
+            .into_response(),
+        Ok(ConnectOutcome::Connected(_)) => failure_page(&RegistryError::Internal(
+            "a consent link connected without a person".into(),
+        )),
+        Err(err) => failure_page(&err),
+    }
+}
+
+/// `GET /oauth/connected?connection=…`: where a person lands after
+/// consenting through a link.
+pub async fn connected(Query(query): Query<std::collections::HashMap<String, String>>) -> Response {
+    let connection = query.get("connection").map_or("", String::as_str);
+    let page = format!(
+        "<!doctype html><meta charset=\"utf-8\"><title>Account connected</title>\
+         <h1>Account connected</h1><p id=\"oauth-connected\">Your account is connected to \
+         <b>{}</b>. Calls you make now act as you; you can close this page and call the tool \
+         again.</p>",
+        html_escaped(connection)
+    );
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        page,
+    )
+        .into_response()
+}
+
+/// A page naming the failed step (nothing was stored).
+fn failure_page(err: &RegistryError) -> Response {
+    let page = format!(
+        "<!doctype html><meta charset=\"utf-8\"><title>OAuth connection failed</title>\
+         <h1>OAuth connection failed</h1><p id=\"oauth-error\">{}</p>",
+        html_escaped(&err.to_string())
+    );
+    (
+        err.code().http(),
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        page,
+    )
+        .into_response()
 }
 
 fn url_component(text: &str) -> String {

@@ -57,6 +57,11 @@ pub struct OAuthConnectionSpec {
     /// i.e. a step-up never widens. Set by an admin only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_scopes: Option<Vec<String>>,
+    /// One grant per caller principal instead of one for the fleet
+    /// (R-OAUTH-8): each person consents for themself, and a call acts as
+    /// the principal that made it. Authorization code only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_user: bool,
 }
 
 /// Checks a connection name (the records' `http.auth_ref`).
@@ -172,6 +177,12 @@ impl OAuthConnectionSpec {
                 ));
             }
         }
+        if self.per_user && self.grant == Grant::ClientCredentials {
+            return Err(RegistryError::invalid(
+                "per_user",
+                "needs grant \"authorization_code\": client credentials act as the client, never as a person",
+            ));
+        }
         if self.grant == Grant::ClientCredentials && self.client_id.is_none() {
             return Err(RegistryError::invalid(
                 "client_id",
@@ -208,6 +219,20 @@ pub enum ShownStatus {
     NeedsReconsent,
 }
 
+impl ShownStatus {
+    /// How the token state of `row` reads at `now`.
+    pub fn of(row: &OAuthConnectionRow, now: DateTime<Utc>) -> Self {
+        match row.status {
+            OAuthStatus::NotConnected => ShownStatus::NotConnected,
+            OAuthStatus::NeedsReconsent => ShownStatus::NeedsReconsent,
+            OAuthStatus::Connected => match row.expires_at {
+                Some(at) if at - now <= EXPIRING_WITHIN => ShownStatus::Expiring,
+                _ => ShownStatus::Connected,
+            },
+        }
+    }
+}
+
 /// An access token this close to its expiry shows as `expiring`.
 pub const EXPIRING_WITHIN: chrono::Duration = chrono::Duration::minutes(5);
 
@@ -241,14 +266,7 @@ impl OAuthConnectionView {
         let spec: OAuthConnectionSpec = serde_json::from_str(&row.config).map_err(|err| {
             RegistryError::Internal(format!("stored oauth connection {:?}: {err}", row.name))
         })?;
-        let status = match row.status {
-            OAuthStatus::NotConnected => ShownStatus::NotConnected,
-            OAuthStatus::NeedsReconsent => ShownStatus::NeedsReconsent,
-            OAuthStatus::Connected => match row.expires_at {
-                Some(at) if at - now <= EXPIRING_WITHIN => ShownStatus::Expiring,
-                _ => ShownStatus::Connected,
-            },
-        };
+        let status = ShownStatus::of(row, now);
         Ok(OAuthConnectionView {
             name: row.name.clone(),
             spec,
@@ -259,6 +277,41 @@ impl OAuthConnectionView {
             refresh_count: row.refresh_count,
             last_error: row.last_error.clone(),
             updated_at: row.updated_at,
+        })
+    }
+}
+
+/// One principal's grant of a per-user connection, as reads show it (never
+/// a token).
+#[derive(Debug, Clone, Serialize)]
+pub struct OAuthGrantView {
+    /// The connection.
+    pub connection: String,
+    /// Whose grant it is.
+    pub principal: String,
+    /// `connected`, `expiring` or `needs_reconsent`.
+    pub status: ShownStatus,
+    /// When its access token expires, when known.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When the principal consented.
+    pub connected_at: Option<DateTime<Utc>>,
+    /// How often its token was refreshed.
+    pub refresh_count: u64,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+impl OAuthGrantView {
+    /// The view of a principal's grant row; `None` for a connection's own.
+    pub fn of(row: &OAuthConnectionRow, now: DateTime<Utc>) -> Option<Self> {
+        Some(OAuthGrantView {
+            connection: row.name.clone(),
+            principal: row.principal.clone()?,
+            status: ShownStatus::of(row, now),
+            expires_at: row.expires_at,
+            connected_at: row.connected_at,
+            refresh_count: row.refresh_count,
+            last_error: row.last_error.clone(),
         })
     }
 }

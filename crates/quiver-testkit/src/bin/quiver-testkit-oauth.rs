@@ -9,6 +9,9 @@
 //! a code granted for scope `openid` also yields an `id_token` with the
 //! claims of `POST /admin/oidc/person`, for clients such as the registry's
 //! web admin pre-registered as public clients by `POST /admin/clients`.
+//! Each token belongs to a user: `/authorize` approves for the auto user
+//! (`POST /admin/auto-user`), or with `--consent-page` asks for one on an
+//! HTML form; the MCP tool `whoami_user` reports it.
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -34,6 +37,10 @@ struct Args {
     /// token-error or state-mismatch.
     #[arg(long, value_name = "NAME")]
     fault: Option<Fault>,
+    /// Answer `/authorize` with a consent page asking for the user, instead
+    /// of approving at once for the auto user.
+    #[arg(long)]
+    consent_page: bool,
 }
 
 #[tokio::main]
@@ -56,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
             clients: args.clients,
             access_ttl: Duration::from_secs(args.access_ttl_secs),
             fault: args.fault,
+            consent_page: args.consent_page,
         },
     );
     let mut stdout = std::io::stdout().lock();

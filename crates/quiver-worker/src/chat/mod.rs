@@ -151,7 +151,13 @@ impl Chat {
         let snapshot = self.snapshot.current();
         let catalog = self
             .runner
-            .catalog(&snapshot, task, Some(&mcp.session), None)
+            .catalog(
+                &snapshot,
+                task,
+                context.caller.as_ref(),
+                Some(&mcp.session),
+                None,
+            )
             .await;
         let searching = mcp.tool_search.is_some();
         request

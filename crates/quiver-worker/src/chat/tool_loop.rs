@@ -31,13 +31,14 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use bytes::Bytes;
+use quiver_mcp::McpError;
 use quiver_model::budget::SessionBudgets;
 use quiver_upstream::UpstreamError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::approval::{ApprovalFlow, ApprovalSet};
-use crate::auth::Task;
+use crate::auth::{CallerId, Task};
 use crate::call::{Call, CallContext, CallError, Lookup, ToolRunner};
 use crate::catalog::Catalog;
 use crate::chat::body;
@@ -72,6 +73,10 @@ pub enum StopReason {
     /// A call needs an approval: the pending ones are in `approvals`; send
     /// the conversation again with `mcp.approvals` once they are approved.
     ApprovalRequired,
+    /// A call's server acts as each caller and this one has not connected
+    /// its account: the links are in `authorizations`; send the
+    /// conversation again once a person consented.
+    AuthorizationRequired,
 }
 
 impl StopReason {
@@ -80,7 +85,10 @@ impl StopReason {
             StopReason::MaxIterations => "max_iterations",
             StopReason::MaxTotalToolCalls => "max_total_tool_calls",
             StopReason::MaxToolOutputBytes => "max_tool_output_bytes",
-            StopReason::Completed | StopReason::CallerTools | StopReason::ApprovalRequired => "",
+            StopReason::Completed
+            | StopReason::CallerTools
+            | StopReason::ApprovalRequired
+            | StopReason::AuthorizationRequired => "",
         }
     }
 }
@@ -120,6 +128,10 @@ pub struct LoopReport {
     /// name, arguments}`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<Value>,
+    /// With `authorization_required`: where the caller's person consents,
+    /// `{oauth_connection, authorization_url, name}` per connection.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub authorizations: Vec<Value>,
     /// Token usage summed over the upstream requests.
     #[serde(skip)]
     pub usage: Option<Value>,
@@ -166,6 +178,7 @@ impl ToolLoop<'_> {
                 .map(|u| json!({"server_id": u.server_id, "error": u.error.to_string()}))
                 .collect(),
             approvals: Vec::new(),
+            authorizations: Vec::new(),
             usage: None,
         };
         let mut rounds = 0u32;
@@ -210,21 +223,33 @@ impl ToolLoop<'_> {
                 return Ok((turn, report));
             }
 
+            // Calls the caller must first connect its account for stop the
+            // loop before anything of the turn runs.
+            let consents = self.needed_consents(&mcp_calls).await;
+            if !consents.is_empty() {
+                report.authorizations = consents;
+                self.stop_before_running(
+                    &mut turn,
+                    &mut report,
+                    &mcp_calls,
+                    iteration,
+                    StopReason::AuthorizationRequired,
+                );
+                return Ok((turn, report));
+            }
+
             // Calls that need an approval stop the loop before anything of
             // the turn runs, unless the caller brought approvals.
             let pending = self.request_approvals(&mcp_calls).await;
             if !pending.is_empty() {
-                for call in &mcp_calls {
-                    report
-                        .calls
-                        .push(self.record(call, "approval_required", 0.0, iteration));
-                }
-                turn.retain_tool_calls(|name| self.caller_tools.contains(name));
-                if turn.finish_reason == "tool_calls" {
-                    turn.finish_reason = Value::String("stop".into());
-                }
                 report.approvals = pending;
-                report.stop_reason = StopReason::ApprovalRequired;
+                self.stop_before_running(
+                    &mut turn,
+                    &mut report,
+                    &mcp_calls,
+                    iteration,
+                    StopReason::ApprovalRequired,
+                );
                 return Ok((turn, report));
             }
 
@@ -326,6 +351,66 @@ impl ToolLoop<'_> {
     /// one; returns those requested (`{approval_id, name, arguments}`). A
     /// call whose approval cannot be requested is left to its run, which
     /// refuses it with the reason.
+    /// Ends the loop at `turn` without running its MCP calls, which are
+    /// reported as `reason` (`approval_required`, `authorization_required`);
+    /// the caller's own calls stay in the turn.
+    fn stop_before_running(
+        &self,
+        turn: &mut Turn,
+        report: &mut LoopReport,
+        calls: &[ModelToolCall],
+        iteration: u32,
+        reason: StopReason,
+    ) {
+        let status = match reason {
+            StopReason::AuthorizationRequired => "authorization_required",
+            _ => "approval_required",
+        };
+        for call in calls {
+            report.calls.push(self.record(call, status, 0.0, iteration));
+        }
+        turn.retain_tool_calls(|name| self.caller_tools.contains(name));
+        if turn.finish_reason == "tool_calls" {
+            turn.finish_reason = Value::String("stop".into());
+        }
+        report.stop_reason = reason;
+    }
+
+    /// The consents the caller still has to give for `calls` (servers whose
+    /// OAuth connection is per user), one per connection.
+    async fn needed_consents(&self, calls: &[ModelToolCall]) -> Vec<Value> {
+        let principal = self
+            .context
+            .caller
+            .as_ref()
+            .and_then(CallerId::grant_principal);
+        let mut needed: Vec<Value> = Vec::new();
+        for call in calls {
+            let Some(tool) = self.catalog.resolve(&call.name) else {
+                continue;
+            };
+            let Err(McpError::AuthorizationRequired(required)) = self
+                .runner
+                .pool()
+                .check_grant(&tool.server, principal.as_deref())
+                .await
+            else {
+                continue;
+            };
+            if needed
+                .iter()
+                .all(|known| known["oauth_connection"] != required.connection.as_str())
+            {
+                needed.push(json!({
+                    "oauth_connection": required.connection,
+                    "authorization_url": required.url,
+                    "name": call.name,
+                }));
+            }
+        }
+        needed
+    }
+
     async fn request_approvals(&self, calls: &[ModelToolCall]) -> Vec<Value> {
         if !self.approvals.is_empty() {
             return Vec::new();

@@ -271,13 +271,25 @@ impl GatewayServer {
                 self.server(request, id)?;
                 let only = BTreeSet::from([id.clone()]);
                 Ok(runner
-                    .catalog(&snapshot, &request.task, None, Some(&only))
+                    .catalog(
+                        &snapshot,
+                        &request.task,
+                        Some(&request.caller),
+                        None,
+                        Some(&only),
+                    )
                     .await)
             }
             Scope::Catalog { server_ids } => {
                 let session = Self::narrowing(request, server_ids.as_ref())?;
                 Ok(runner
-                    .catalog(&snapshot, &request.task, Some(&session), None)
+                    .catalog(
+                        &snapshot,
+                        &request.task,
+                        Some(&request.caller),
+                        Some(&session),
+                        None,
+                    )
                     .await)
             }
         }
@@ -398,7 +410,13 @@ impl GatewayServer {
         self.shared
             .runner
             .pool()
-            .forward(server, on.session.as_ref(), attachment, request)
+            .forward(
+                server,
+                on.session.as_ref(),
+                on.caller.grant_principal().as_deref(),
+                attachment,
+                request,
+            )
             .await
             .map_err(forward_error)
     }
@@ -840,6 +858,7 @@ impl ServerHandler for GatewayServer {
                 meta: Some(meta),
                 attachment,
                 session: request.session.clone(),
+                principal: request.caller.grant_principal(),
                 input: round.as_ref().and_then(Round::upstream_input),
                 client_capabilities,
             },

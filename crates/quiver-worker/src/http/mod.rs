@@ -30,6 +30,7 @@ pub mod chat;
 pub mod error;
 pub mod extract;
 mod fallback;
+pub mod grants;
 mod limits;
 pub mod mcp;
 pub mod ops;

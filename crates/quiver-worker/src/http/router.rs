@@ -6,7 +6,7 @@ use axum::routing::{any, delete, get, post};
 
 use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
-use crate::http::{artifacts, chat, fallback, mcp, ops, servers, sessions, tools, whoami};
+use crate::http::{artifacts, chat, fallback, grants, mcp, ops, servers, sessions, tools, whoami};
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {
@@ -18,6 +18,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/sessions/{session_id}", delete(sessions::end))
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/whoami", get(whoami::whoami))
+        .route("/v1/oauth/grants", get(grants::list))
+        .route("/v1/oauth/grants/{connection}", delete(grants::revoke))
         .route("/mcp", any(mcp::catalog))
         .route("/mcp/{server_id}", any(mcp::server))
         .route(mcp::RESOURCE_METADATA_PATH, get(mcp::resource_metadata))

@@ -50,6 +50,7 @@ struct CallBody {
 /// `GET /v1/mcp/tools`.
 pub async fn list(
     Caller(task): Caller,
+    CallerKey(caller): CallerKey,
     State(state): State<ApiState>,
     Query(query): Query<ToolsQuery>,
 ) -> Result<Response, ApiError> {
@@ -69,7 +70,7 @@ pub async fn list(
     let snapshot = state.snapshot.current();
     let catalog = state
         .runner
-        .catalog(&snapshot, &task, Some(&session), None)
+        .catalog(&snapshot, &task, Some(&caller), Some(&session), None)
         .await;
     let limit = query.limit.unwrap_or(DEFAULT_MAX_TOOLS);
     if !(1..=MAX_TOOLS_LIMIT).contains(&limit) {
