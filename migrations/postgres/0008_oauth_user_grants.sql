@@ -34,11 +34,14 @@ ALTER TABLE oauth_authorizations ADD COLUMN principal TEXT;
 
 -- Authorization links handed to a principal whose call needs its consent:
 -- following one (once, before it expires) starts that principal's flow.
--- Stored by the SHA-256 of the link's secret, never the secret.
+-- Keyed by the SHA-256 of the link's secret; the secret itself only sealed
+-- (`sealed_secret`), so the principal's next refusals hand out the same
+-- link until it is used or expires.
 CREATE TABLE oauth_grant_tickets (
     ticket_sha256  TEXT PRIMARY KEY,
     name           TEXT NOT NULL,
     principal      TEXT NOT NULL,
+    sealed_secret  TEXT NOT NULL,
     created_at_ms  BIGINT NOT NULL,
     expires_at_ms  BIGINT NOT NULL
 );

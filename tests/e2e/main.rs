@@ -30,6 +30,7 @@ mod listeners;
 mod metrics;
 mod multi_host;
 mod oauth;
+mod oauth_consent_browser;
 mod oauth_per_user;
 mod openai_sdk;
 mod otlp;

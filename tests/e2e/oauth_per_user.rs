@@ -27,16 +27,35 @@ use crate::oauth::{
 };
 
 const CONNECTION: &str = "tracker";
-const SERVER: &str = "tracker";
+pub(crate) const SERVER: &str = "tracker";
 
 /// A principal: an API key of the registry.
-struct Principal {
-    key: String,
-    principal: String,
+pub(crate) struct Principal {
+    pub(crate) key: String,
+    pub(crate) principal: String,
+}
+
+/// `PUT /admin/api/policies/team` allowing the per-user server.
+pub(crate) async fn team_policy(registry: &RegistryProcess) {
+    let (status, body) = json_of(
+        client()
+            .put(format!("{}/admin/api/policies/team", registry.http_url()))
+            .bearer_auth(ADMIN)
+            .json(&json!({"allowed_server_ids": [SERVER]}))
+            .send()
+            .await
+            .expect("PUT policy"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
 /// `POST /admin/api/keys` for a key of `policy`.
-async fn create_key(registry: &RegistryProcess, name: &str, policy: &str) -> (Principal, u64) {
+pub(crate) async fn create_key(
+    registry: &RegistryProcess,
+    name: &str,
+    policy: &str,
+) -> (Principal, u64) {
     let response = client()
         .post(format!("{}/admin/api/keys", registry.http_url()))
         .bearer_auth(ADMIN)
@@ -62,7 +81,7 @@ async fn json_of(response: reqwest::Response) -> (StatusCode, Value) {
 }
 
 /// `whoami_user` on `worker` as `who`.
-async fn call_as(worker: &WorkerProcess, who: &Principal) -> (StatusCode, Value) {
+pub(crate) async fn call_as(worker: &WorkerProcess, who: &Principal) -> (StatusCode, Value) {
     json_of(
         client()
             .post(format!("{}/v1/mcp/tools/call", worker.url()))
@@ -86,7 +105,7 @@ async fn user_of(worker: &WorkerProcess, who: &Principal) -> String {
 }
 
 /// The link of a call refused for want of `who`'s consent.
-async fn consent_link(worker: &WorkerProcess, who: &Principal) -> String {
+pub(crate) async fn consent_link(worker: &WorkerProcess, who: &Principal) -> String {
     let (status, body) = call_as(worker, who).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(
@@ -183,17 +202,7 @@ async fn each_principal_connects_its_own_account_and_acts_as_itself() {
     admin
         .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
         .await;
-    let (status, body) = json_of(
-        client()
-            .put(format!("{}/admin/api/policies/team", registry_a.http_url()))
-            .bearer_auth(ADMIN)
-            .json(&json!({"allowed_server_ids": [SERVER]}))
-            .send()
-            .await
-            .expect("PUT policy"),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    team_policy(&registry_a).await;
     let (alice, _) = create_key(&registry_a, "alice", "team").await;
     let (bob, revision) = create_key(&registry_a, "bob", "team").await;
     let no_args: [&str; 0] = [];
@@ -218,8 +227,12 @@ async fn each_principal_connects_its_own_account_and_acts_as_itself() {
     // Alice has no grant: her call is refused with her own link, on the
     // worker of either replica; she consents as "alice".
     let alice_link = consent_link(&worker_a, &alice).await;
-    let link_via_b = consent_link(&worker_b, &alice).await;
-    assert_ne!(alice_link, link_via_b, "each refusal hands out a link");
+    // Her link until it is used (each replica names its own address).
+    let secret_of = |link: &str| link.rsplit('/').next().unwrap_or_default().to_owned();
+    assert_eq!(
+        secret_of(&consent_link(&worker_b, &alice).await),
+        secret_of(&alice_link)
+    );
     server.admin("auto-user", json!({"user": "alice"})).await;
     consent(&alice_link).await;
     assert_eq!(user_of(&worker_a, &alice).await, "alice");
@@ -241,12 +254,6 @@ async fn each_principal_connects_its_own_account_and_acts_as_itself() {
         assert_eq!(user_of(worker, &bob).await, "bob");
         assert_eq!(user_of(worker, &alice).await, "alice");
     }
-    // Her other link, never followed, is still hers alone and one-time.
-    server.admin("auto-user", json!({"user": "alice"})).await;
-    consent(&link_via_b).await;
-    assert_refused_link(&link_via_b).await;
-    assert_eq!(user_of(&worker_a, &alice).await, "alice");
-
     // Reads: the admin sees both grants, each principal its own; no token.
     let (status, grants) = oauth_api(
         &registry_b,
@@ -350,7 +357,7 @@ async fn each_principal_connects_its_own_account_and_acts_as_itself() {
     let mut secrets = server.issued_tokens().await;
     assert!(secrets.len() >= 6, "{secrets:?}");
     for link in [&alice_link, &bob_link] {
-        secrets.push(link.rsplit('/').next().unwrap_or_default().to_owned());
+        secrets.push(secret_of(link));
     }
     let mut seen = vec![
         registry_a.log_tail(),
@@ -394,4 +401,90 @@ async fn oauth_read(registry: &RegistryProcess, path: &str) -> String {
         .text()
         .await
         .expect("body")
+}
+
+/// The official Python SDK client (`mcp` 2.x) at `/mcp/tracker` as `who`,
+/// calling `whoami_user` once; `extra` adds to its configuration (see
+/// tests/e2e/peers/modern_client.py).
+async fn sdk_call(worker: &WorkerProcess, who: &Principal, mode: &str, extra: Value) -> Value {
+    let mut config = json!({
+        "url": format!("{}/mcp/{SERVER}", worker.url()),
+        "token": who.key,
+        "mode": mode,
+        "calls": {"who": ["whoami_user", {}]},
+    });
+    for (key, value) in extra.as_object().into_iter().flatten() {
+        config[key] = value.clone();
+    }
+    crate::gateway_2026::modern_client(&config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_asks_for_consent_in_the_protocol_the_client_speaks() {
+    let db = TestDatabase::create().await;
+    let (registry, _other) = replicas(&db).await;
+    let server = OAuthServer::start(&[]).await;
+    put_connection(
+        &registry,
+        CONNECTION,
+        json!({"server_url": server.mcp, "per_user": true}),
+    )
+    .await;
+    Admin::new(&registry, ADMIN)
+        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
+        .await;
+    team_policy(&registry).await;
+    let (carol, _) = create_key(&registry, "carol", "team").await;
+    let (alice, _) = create_key(&registry, "alice", "team").await;
+    let (bob, _) = create_key(&registry, "bob", "team").await;
+    let (dave, revision) = create_key(&registry, "dave", "team").await;
+    let no_args: [&str; 0] = [];
+    let worker = WorkerProcess::start_without_callers(&registry.grpc_url(), WORKER, &no_args).await;
+    worker.synced(revision, Duration::from_secs(10)).await;
+    // Carol connected hers through the tool API: the worker knows the
+    // server's tools since (a server's tools are the server's).
+    server.admin("auto-user", json!({"user": "carol"})).await;
+    consent(&consent_link(&worker, &carol).await).await;
+    assert_eq!(user_of(&worker, &carol).await, "carol");
+
+    // 2026-07-28 (no session): `input_required` with the link as a URL
+    // elicitation; the SDK follows it and the retry acts as alice.
+    server.admin("auto-user", json!({"user": "alice"})).await;
+    let report = sdk_call(&worker, &alice, "auto", json!({"consent": true})).await;
+    assert_eq!(report["protocol_version"], "2026-07-28", "{report}");
+    assert_eq!(report["who"]["content"][0]["text"], "alice", "{report}");
+    assert_eq!(
+        report["links"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_eq!(report["landed"], 200, "{report}");
+
+    // 2025-11-25 (a session): an `elicitation/create` in URL mode before
+    // the call runs; the call waits for the grant and acts as bob.
+    server.admin("auto-user", json!({"user": "bob"})).await;
+    let report = sdk_call(&worker, &bob, "legacy", json!({"consent": true})).await;
+    assert_eq!(report["protocol_version"], "2025-11-25", "{report}");
+    assert_eq!(report["who"]["content"][0]["text"], "bob", "{report}");
+    assert_eq!(
+        report["links"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+
+    // A client that cannot open links gets the link in the tool error.
+    for mode in ["auto", "legacy"] {
+        let report = sdk_call(&worker, &dave, mode, json!({"no_elicitation": true})).await;
+        let error = &report["who"]["structuredContent"]["error"];
+        assert_eq!(report["who"]["isError"], true, "{report}");
+        assert_eq!(error["code"], "mcp_authorization_required", "{report}");
+        let link = error["authorization_url"].as_str().unwrap_or_default();
+        assert!(link.contains("/oauth/authorize/"), "{report}");
+    }
+    // Each acted as itself only.
+    assert_eq!(user_of(&worker, &alice).await, "alice");
+    assert_eq!(user_of(&worker, &bob).await, "bob");
+    let (status, _) = call_as(&worker, &dave).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    drop(db);
 }

@@ -1156,8 +1156,15 @@ impl McpPool {
     pub async fn server_info(
         &self,
         server: &Arc<StoredServer>,
+        principal: Option<&str>,
     ) -> Result<Arc<rmcp::model::ServerPeerInfo>, McpError> {
-        let entry = self.entry(server);
+        // A per-session server introduces itself on its own connection; a
+        // per-user one on the caller's.
+        let entry = if server.spec.isolation == Isolation::PerSession {
+            self.entry(server)
+        } else {
+            self.call_entry(server, None, principal).await?
+        };
         let connection = self.connection(&entry).await?;
         connection
             .peer()

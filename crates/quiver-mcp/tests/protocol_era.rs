@@ -178,7 +178,7 @@ fn text(outcome: &quiver_mcp::CallOutcome) -> String {
 async fn connect(pool: &McpPool, server: &Arc<StoredServer>) -> (String, Duration) {
     let id = &server.spec.server_id;
     let started = Instant::now();
-    pool.server_info(server)
+    pool.server_info(server, None)
         .await
         .unwrap_or_else(|err| panic!("{id} connects: {err}"));
     let took = started.elapsed();
@@ -232,7 +232,7 @@ async fn negotiates(
 async fn refuses_2026(server: &Arc<StoredServer>, within: Duration) -> McpError {
     let pool = McpPool::new(PoolOptions::default());
     let started = Instant::now();
-    let err = pool.server_info(server).await.unwrap_err();
+    let err = pool.server_info(server, None).await.unwrap_err();
     let took = started.elapsed();
     eprintln!(
         "{} (protocol = 2026-07-28): refused in {} ms: {err}",
@@ -424,7 +424,7 @@ async fn a_server_of_2026_07_28_alone_is_opened_with_discovery_under_auto() {
             took.as_millis()
         );
         let pool = McpPool::new(PoolOptions::default());
-        let err = pool.server_info(&old).await.unwrap_err();
+        let err = pool.server_info(&old, None).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::McpUnavailable, "{transport}: {err}");
         pool.shutdown().await;
     }

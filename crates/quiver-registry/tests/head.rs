@@ -425,6 +425,16 @@ impl Store for CountingStore {
     ) -> Result<(), StoreError> {
         self.inner.create_oauth_ticket(row).await
     }
+    async fn live_oauth_ticket(
+        &self,
+        connection: &str,
+        principal: &str,
+        live_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<quiver_store::OAuthTicketRow>, StoreError> {
+        self.inner
+            .live_oauth_ticket(connection, principal, live_at)
+            .await
+    }
     async fn take_oauth_ticket(
         &self,
         ticket_sha256: &str,

@@ -538,7 +538,7 @@ impl std::fmt::Debug for OAuthAuthorizationRow {
 
 /// An authorization link handed to a principal whose call needs its
 /// consent (one-time: taking it deletes it).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct OAuthTicketRow {
     /// Lowercase hex SHA-256 of the link's secret (its key).
     pub ticket_sha256: String,
@@ -546,10 +546,24 @@ pub struct OAuthTicketRow {
     pub name: String,
     /// The principal it is bound to.
     pub principal: String,
+    /// The link's secret, sealed by the caller.
+    pub sealed_secret: String,
     /// When it was handed out.
     pub created_at: DateTime<Utc>,
     /// When it stops working.
     pub expires_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for OAuthTicketRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthTicketRow")
+            .field("name", &self.name)
+            .field("principal", &self.principal)
+            .field("sealed_secret", &Sealed(true))
+            .field("created_at", &self.created_at)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a config write ([`Store::put_oauth_connection`]) treats the stored
@@ -798,6 +812,14 @@ pub trait Store: Send + Sync + 'static {
     /// connection, its oldest. Refused with [`StoreError::Limit`] when
     /// [`MAX_OAUTH_TICKETS`] live ones exist.
     async fn create_oauth_ticket(&self, row: OAuthTicketRow) -> Result<(), StoreError>;
+    /// The newest link of `principal` for `connection` that is still live at
+    /// `live_at` (untaken and not expired by then).
+    async fn live_oauth_ticket(
+        &self,
+        connection: &str,
+        principal: &str,
+        live_at: DateTime<Utc>,
+    ) -> Result<Option<OAuthTicketRow>, StoreError>;
     /// Takes (deletes and returns) a link: of any number of concurrent
     /// takers, exactly one gets it. Returned even if expired; the caller
     /// checks `expires_at`.

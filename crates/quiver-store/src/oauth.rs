@@ -43,7 +43,8 @@ const USER_GRANT_COLUMNS: &str = "c.name, c.config, c.client_secret, g.credentia
      g.expires_at_ms, g.generation, g.refresh_count, g.last_error, g.connected_at_ms, \
      g.updated_at_ms, g.principal";
 
-const TICKET_COLUMNS: &str = "ticket_sha256, name, principal, created_at_ms, expires_at_ms";
+const TICKET_COLUMNS: &str =
+    "ticket_sha256, name, principal, created_at_ms, expires_at_ms, sealed_secret";
 
 /// Where `grant`'s token state lives and the condition naming its row (the
 /// connection's name is `$1`; a principal, when there is one, `$n`).
@@ -218,7 +219,15 @@ const OWNER_TICKETS: &str = "SELECT ticket_sha256 FROM oauth_grant_tickets \
 const DELETE_TICKET: &str = "DELETE FROM oauth_grant_tickets WHERE ticket_sha256 = $1";
 
 fn insert_ticket_sql() -> String {
-    format!("INSERT INTO oauth_grant_tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5)")
+    format!("INSERT INTO oauth_grant_tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)")
+}
+
+/// $1 name, $2 principal, $3 the instant it must live past.
+fn live_ticket_sql() -> String {
+    format!(
+        "SELECT {TICKET_COLUMNS} FROM oauth_grant_tickets WHERE name = $1 AND principal = $2 \
+         AND expires_at_ms > $3 ORDER BY created_at_ms DESC, ticket_sha256 LIMIT 1"
+    )
 }
 
 fn take_ticket_sql() -> String {
@@ -324,6 +333,7 @@ fn ticket_from_row(row: &AnyRow) -> Result<OAuthTicketRow, StoreError> {
         principal: row.try_get(2)?,
         created_at: from_millis(row.try_get(3)?)?,
         expires_at: from_millis(row.try_get(4)?)?,
+        sealed_secret: row.try_get(5)?,
     })
 }
 
@@ -599,6 +609,7 @@ impl SqlStore {
             .bind(row.principal.clone())
             .bind(millis(row.created_at))
             .bind(millis(row.expires_at))
+            .bind(row.sealed_secret)
             .execute(&mut *tx)
             .await?;
         // One principal asking again and again replaces its own links.
@@ -617,6 +628,22 @@ impl SqlStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    pub(crate) async fn oauth_live_ticket(
+        &self,
+        connection: &str,
+        principal: &str,
+        live_at: DateTime<Utc>,
+    ) -> Result<Option<OAuthTicketRow>, StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(live_ticket_sql()))
+            .bind(connection.to_owned())
+            .bind(principal.to_owned())
+            .bind(millis(live_at))
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| ticket_from_row(&row))
+            .transpose()
     }
 
     pub(crate) async fn oauth_take_ticket(

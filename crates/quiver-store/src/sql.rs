@@ -1012,6 +1012,15 @@ impl Store for SqlStore {
         self.oauth_create_ticket(row).await
     }
 
+    async fn live_oauth_ticket(
+        &self,
+        connection: &str,
+        principal: &str,
+        live_at: DateTime<Utc>,
+    ) -> Result<Option<OAuthTicketRow>, StoreError> {
+        self.oauth_live_ticket(connection, principal, live_at).await
+    }
+
     async fn take_oauth_ticket(
         &self,
         ticket_sha256: &str,

@@ -60,6 +60,7 @@ fn ticket(sha: &str, name: &str, principal: &str, age_ms: i64) -> OAuthTicketRow
         ticket_sha256: sha.into(),
         name: name.into(),
         principal: principal.into(),
+        sealed_secret: format!("sealed-{sha}"),
         created_at: ms(now - chrono::Duration::milliseconds(age_ms)),
         expires_at: ms(now + chrono::Duration::minutes(10)),
     }

@@ -11,6 +11,10 @@ Usage: modern_client.py '<json config>'
           tool calls to make, each reported under its step
   elicit  the ElicitResult to answer elicitation with; by default it
           accepts with the colour "teal"
+  consent true: a URL elicitation (a consent link) is followed as a browser
+          would (cookies, redirects; the authorization server approves at
+          once), then accepted; the links are reported in `links`
+  no_elicitation  true: the client declares no elicitation at all
 The client answers sampling with "hi from the client"; both answers reach
 the server through the gateway, and the report lists what the client was
 asked (`asked`: elicitation messages, `prompts`: the text of each sampling
@@ -28,15 +32,27 @@ from mcp.client.streamable_http import streamable_http_client
 config = json.loads(sys.argv[1])
 teal = {"action": "accept", "content": {"colour": "teal"}}
 elicited = types.ElicitResult.model_validate(config.get("elicit", teal))
-report = {"asked": [], "sampled": 0, "prompts": []}
+report = {"asked": [], "sampled": 0, "prompts": [], "links": []}
 
 
 def dump(value):
     return value.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+async def follow(url):
+    """A browser's way through a consent link: registry, authorization
+    server, back to the registry's callback with the flow's cookie."""
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=30) as browser:
+        landed = await browser.get(url)
+        report["landed"] = landed.status_code
+
+
 async def on_elicit(context, params):
     report["asked"].append(params.message)
+    if getattr(params, "mode", None) == "url" and config.get("consent"):
+        report["links"].append(params.url)
+        await follow(params.url)
+        return types.ElicitResult(action="accept")
     return elicited
 
 
@@ -66,7 +82,7 @@ async def main():
         client = Client(
             transport,
             mode=config["mode"],
-            elicitation_callback=on_elicit,
+            elicitation_callback=None if config.get("no_elicitation") else on_elicit,
             sampling_callback=on_sample,
             cache=None,
         )

@@ -70,6 +70,9 @@ const REFRESH_MARGIN: Duration = Duration::from_secs(30);
 /// grant revoked (by the principal on any worker, or by an admin) stops
 /// serving calls on every worker within it.
 pub const GRANT_RECHECK: Duration = Duration::from_secs(10);
+/// A live consent link is handed out again while it lasts at least this
+/// long; closer to its expiry a new one is made.
+const LINK_REUSE_MARGIN: Duration = Duration::from_secs(120);
 /// Where a consent link points, below the public URL.
 pub const LINK_PATH: &str = "/oauth/authorize";
 
@@ -1056,32 +1059,52 @@ impl OAuthBroker {
         })
     }
 
-    /// A consent link for `grant`'s principal (see [`Issued::Consent`]);
-    /// its secret is stored as its SHA-256 only.
+    /// A consent link for `grant`'s principal (see [`Issued::Consent`]):
+    /// the principal's live one when it has one that lasts a while yet (a
+    /// person may be on its way through it), else a new one. Its secret is
+    /// stored as its SHA-256 and sealed, bound to the principal.
     async fn consent(&self, grant: GrantKey<'_>) -> Result<Issued, RegistryError> {
         let Some(principal) = grant.principal else {
             return Err(RegistryError::Internal(
                 "a consent link for a fleet-wide connection".into(),
             ));
         };
-        let secret = format!(
-            "{:032x}{:032x}",
-            rand::random::<u128>(),
-            rand::random::<u128>()
-        );
+        let owner = sealing_owner(grant.connection, Some(principal));
         let now = Utc::now();
-        let expires_at = now + chrono::Duration::from_std(AUTHORIZATION_TTL).unwrap_or_default();
-        self.store
-            .create_oauth_ticket(OAuthTicketRow {
-                ticket_sha256: token_fingerprint(&secret),
-                name: grant.connection.to_owned(),
-                principal: principal.to_owned(),
-                created_at: now,
-                expires_at,
-            })
+        let lasting = now + chrono::Duration::from_std(LINK_REUSE_MARGIN).unwrap_or_default();
+        let live = self
+            .store
+            .live_oauth_ticket(grant.connection, principal, lasting)
             .await
             .map_err(store_error)?;
-        audit_grant("oauth_consent_link", grant, &self.holder, Some(expires_at));
+        let (secret, expires_at) = match live {
+            Some(ticket) => (
+                self.open(&owner, "link", &ticket.sealed_secret)?,
+                ticket.expires_at,
+            ),
+            None => {
+                let secret = format!(
+                    "{:032x}{:032x}",
+                    rand::random::<u128>(),
+                    rand::random::<u128>()
+                );
+                let expires_at =
+                    now + chrono::Duration::from_std(AUTHORIZATION_TTL).unwrap_or_default();
+                self.store
+                    .create_oauth_ticket(OAuthTicketRow {
+                        ticket_sha256: token_fingerprint(&secret),
+                        name: grant.connection.to_owned(),
+                        principal: principal.to_owned(),
+                        sealed_secret: self.seal(&owner, "link", &secret)?,
+                        created_at: now,
+                        expires_at,
+                    })
+                    .await
+                    .map_err(store_error)?;
+                audit_grant("oauth_consent_link", grant, &self.holder, Some(expires_at));
+                (secret, expires_at)
+            }
+        };
         Ok(Issued::Consent(ConsentLink {
             url: format!("{}{LINK_PATH}/{secret}", self.public_url),
             expires_at,

@@ -12,6 +12,7 @@
 //! before a request gets here.
 
 pub mod approval;
+pub mod consent;
 pub mod inputs;
 pub mod peer;
 pub mod rebinding;

@@ -23,6 +23,7 @@ use rmcp::model::{
 
 use quiver_mcp::UpstreamInput;
 
+use crate::gateway::consent::CONSENT_INPUT;
 use crate::gateway::inputs::{Inputs, RoundEnd};
 use crate::gateway::request_state::{RequestBinding, RequestStates, RoundState};
 
@@ -165,6 +166,7 @@ impl Round {
         let request_state = self.upstream.clone()?;
         let mut responses = self.responses.clone();
         responses.remove(APPROVAL_INPUT);
+        responses.remove(CONSENT_INPUT);
         Some(UpstreamInput {
             responses,
             request_state,
@@ -221,6 +223,31 @@ impl Round {
             )),
             RoundEnd::Invalid(error) => Err(error),
         }
+    }
+
+    /// Whether the client can be sent to a consent link (it declared URL
+    /// elicitation) and was not yet: the retry of a round that sent it
+    /// reports what stands instead of asking again.
+    pub fn may_send_to_link(&self) -> bool {
+        crate::gateway::consent::opens_links(self.inputs.capabilities())
+            && self.inputs.offered(CONSENT_INPUT).is_none()
+    }
+
+    /// Ends the round sending the person at the client to `url`, where it
+    /// connects the caller's account (a URL elicitation); the retry runs
+    /// with the grant.
+    pub fn ask_consent(&self, message: String, url: String) -> InputRequiredResult {
+        let question = InputRequest::Elicitation(ElicitRequest::new(
+            ElicitRequestParams::UrlElicitationParams {
+                meta: None,
+                message,
+                url,
+                // 2026-07-28 has no elicitation ids: the key names it.
+                elicitation_id: String::new(),
+            },
+        ));
+        let requests = InputRequests::from([(CONSENT_INPUT.to_owned(), question)]);
+        InputRequiredResult::new(Some(requests), Some(self.state(self.inputs.used())))
     }
 
     /// Ends the round asking the person at the client to accept once an

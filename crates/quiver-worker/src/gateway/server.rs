@@ -48,6 +48,7 @@ use crate::call::{Call, CallContext, CallError, Lookup, ToolRunner};
 use crate::catalog::{Catalog, CatalogTool};
 use crate::error::ErrorObject;
 use crate::gateway::approval::{APPROVAL_META, AskInProtocol};
+use crate::gateway::consent;
 use crate::gateway::peer::{Downstream, DownstreamPeer};
 use crate::gateway::request_state::RequestStates;
 use crate::gateway::round::{Carried, Round, RoundKey};
@@ -245,6 +246,17 @@ impl GatewayServer {
                     None,
                 )
             })
+    }
+
+    /// The servers a `tools/call` of `name` at `scope` may be of.
+    fn candidates(snapshot: &Snapshot, scope: &Scope, name: &str) -> Vec<Arc<StoredServer>> {
+        let ids = match scope {
+            Scope::Server(id) => BTreeSet::from([id.clone()]),
+            Scope::Catalog { .. } => Catalog::candidate_servers(name),
+        };
+        ids.iter()
+            .filter_map(|id| snapshot.get(id).cloned())
+            .collect()
     }
 
     /// The servers an endpoint serves to this caller.
@@ -654,13 +666,26 @@ impl GatewayServer {
         Ok(match &request.scope {
             Scope::Server(id) => {
                 let server = self.server(request, id)?;
-                let upstream = self
+                let principal = request.caller.grant_principal();
+                let upstream = match self
                     .shared
                     .runner
                     .pool()
-                    .server_info(&server)
+                    .server_info(&server, principal.as_deref())
                     .await
-                    .map_err(|err| forward_error(err.into()))?;
+                {
+                    Ok(upstream) => upstream,
+                    // A caller who has not connected its account yet is
+                    // asked when it calls; until then the endpoint says only
+                    // what the gateway knows.
+                    Err(McpError::AuthorizationRequired(_)) => {
+                        return Ok(
+                            InitializeResult::new(Self::capabilities(&request.scope, None))
+                                .with_server_info(Implementation::new(id.clone(), "")),
+                        );
+                    }
+                    Err(err) => return Err(forward_error(err.into())),
+                };
                 let mut info = InitializeResult::new(Self::capabilities(
                     &request.scope,
                     Some(&upstream.capabilities),
@@ -872,6 +897,20 @@ impl ServerHandler for GatewayServer {
                 Some(_) => None,
             },
         };
+        // A session's client that can open links is sent to the caller's
+        // consent link before a call that needs it runs.
+        if round.is_none() {
+            let principal = request.caller.grant_principal();
+            for server in Self::candidates(&snapshot, &request.scope, &params.name) {
+                consent::connect_first(
+                    &context.peer,
+                    self.shared.runner.pool(),
+                    &server,
+                    principal.as_deref(),
+                )
+                .await;
+            }
+        }
         let asker = AskInProtocol {
             context: &context,
             named: named_approval,
@@ -916,6 +955,15 @@ impl ServerHandler for GatewayServer {
                 if let Some(round) = &round {
                     return Ok(CallToolResponse::InputRequired(
                         round.pass_on(asked.as_ref().clone()),
+                    ));
+                }
+            }
+            // Without a session: the client that can open links is sent to
+            // the caller's consent link; the retry runs with the grant.
+            Err(CallError::Mcp(McpError::AuthorizationRequired(required))) => {
+                if let Some(round) = round.as_ref().filter(|round| round.may_send_to_link()) {
+                    return Ok(CallToolResponse::InputRequired(
+                        round.ask_consent(consent::message(required), required.url.clone()),
                     ));
                 }
             }
