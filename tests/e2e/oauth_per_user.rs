@@ -11,12 +11,15 @@
 //! other's; an expired token is refreshed once per principal across the
 //! replicas; a principal sees and revokes its own grant (others unaffected),
 //! an admin lists and revokes any; chat ends its loop with
-//! `authorization_required` and the link; replayed and forged links are
-//! refused naming the step; no token or link secret is in any log or read.
+//! `authorization_required` and the link; the gateway asks the official
+//! Python SDK client by URL elicitation (2025-11-25) or `input_required`
+//! (2026-07-28); replayed and forged links are refused naming the step; no
+//! token or link secret is in any log or read.
 
 use std::time::Duration;
 
 use quiver_testkit::postgres::TestDatabase;
+use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -486,5 +489,99 @@ async fn the_gateway_asks_for_consent_in_the_protocol_the_client_speaks() {
     assert_eq!(user_of(&worker, &bob).await, "bob");
     let (status, _) = call_as(&worker, &dave).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+    drop(db);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stops_for_consent_and_then_acts_as_the_caller() {
+    let db = TestDatabase::create().await;
+    let (registry, _other) = replicas(&db).await;
+    let server = OAuthServer::start(&[]).await;
+    put_connection(
+        &registry,
+        CONNECTION,
+        json!({"server_url": server.mcp, "per_user": true}),
+    )
+    .await;
+    Admin::new(&registry, ADMIN)
+        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
+        .await;
+    team_policy(&registry).await;
+    let (carol, _) = create_key(&registry, "carol", "team").await;
+    let (erin, revision) = create_key(&registry, "erin", "team").await;
+    let who = injected(SERVER, "whoami_user");
+    let upstream = ScriptedUpstream::start(Script::sequence([
+        Reply::tool_call("c1", &who, json!({})),
+        Reply::tool_call("c2", &who, json!({})),
+        Reply::text("done"),
+    ]))
+    .await;
+    let worker = WorkerProcess::start_without_callers(
+        &registry.grpc_url(),
+        WORKER,
+        &["--upstream-url".to_owned(), upstream.base_url()],
+    )
+    .await;
+    worker.synced(revision, Duration::from_secs(10)).await;
+    // Carol's grant lets the worker list the server's tools for everyone.
+    server.admin("auto-user", json!({"user": "carol"})).await;
+    consent(&consent_link(&worker, &carol).await).await;
+    assert_eq!(user_of(&worker, &carol).await, "carol");
+
+    let chat = || async {
+        json_of(
+            client()
+                .post(format!("{}/v1/chat/completions", worker.url()))
+                .bearer_auth(&erin.key)
+                .json(&json!({
+                    "model": "m",
+                    "messages": [{"role": "user", "content": "who am I?"}],
+                    "mcp": {"enabled": true, "server_ids": [SERVER]},
+                }))
+                .send()
+                .await
+                .expect("chat"),
+        )
+        .await
+    };
+    // Erin has not connected: the loop ends before the call runs, with her
+    // link in the `mcp` extension.
+    let (status, answer) = chat().await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["mcp"]["stop_reason"], "authorization_required",
+        "{answer}"
+    );
+    assert_eq!(
+        answer["mcp"]["calls"][0]["status"],
+        "authorization_required"
+    );
+    let asked = &answer["mcp"]["authorizations"][0];
+    assert_eq!(asked["oauth_connection"], CONNECTION, "{answer}");
+    assert_eq!(asked["name"], who.as_str(), "{answer}");
+    let link = asked["authorization_url"]
+        .as_str()
+        .expect("link")
+        .to_owned();
+    assert_eq!(upstream.request_count(), 1, "the model was not asked again");
+
+    // After consenting, the same conversation runs the call as erin.
+    server.admin("auto-user", json!({"user": "erin"})).await;
+    consent(&link).await;
+    let (status, answer) = chat().await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["mcp"]["stop_reason"], "completed", "{answer}");
+    let sent = &upstream.requests()[2].body;
+    let tool_message = sent["messages"]
+        .as_array()
+        .and_then(|messages| messages.iter().find(|m| m["role"] == "tool"))
+        .unwrap_or_else(|| panic!("a tool message: {sent}"));
+    assert_eq!(tool_message["content"], "erin", "{sent}");
+    assert!(
+        !worker
+            .log_tail()
+            .contains(link.rsplit('/').next().unwrap_or_default()),
+        "the link is in no log"
+    );
     drop(db);
 }

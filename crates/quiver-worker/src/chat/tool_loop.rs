@@ -175,7 +175,15 @@ impl ToolLoop<'_> {
                 .catalog
                 .unavailable
                 .iter()
-                .map(|u| json!({"server_id": u.server_id, "error": u.error.to_string()}))
+                .map(|u| {
+                    let mut entry = json!({"server_id": u.server_id, "error": u.error.to_string()});
+                    // A server listed for nobody yet: the caller's link still
+                    // reaches it.
+                    if let McpError::AuthorizationRequired(required) = &u.error {
+                        entry["authorization_url"] = json!(required.url);
+                    }
+                    entry
+                })
                 .collect(),
             approvals: Vec::new(),
             authorizations: Vec::new(),
