@@ -60,12 +60,26 @@ impl Stack {
 
     /// [`Stack::start`] with a worker whose callers are `callers` (the auth
     /// benchmark: identity providers, `insecure_no_auth`).
+    #[allow(dead_code)] // the oauth_grants benchmark starts its own registry
     pub async fn start_with_callers(
         specs: Vec<McpServerSpec>,
         upstream: Option<UpstreamOptions>,
         callers: CallersConfig,
     ) -> BenchResult<Stack> {
         let registry = InProcessRegistry::sqlite(|_| {}).await;
+        Self::start_on(registry, specs, upstream, callers).await
+    }
+
+    /// [`Stack::start_with_callers`] on `registry`, started by the
+    /// benchmark with options of its own (the oauth_grants benchmark: OAuth
+    /// keys). Only `specs` are stored and waited for; records the benchmark
+    /// stored itself are in the worker's snapshot only once it has synced.
+    pub async fn start_on(
+        registry: InProcessRegistry,
+        specs: Vec<McpServerSpec>,
+        upstream: Option<UpstreamOptions>,
+        callers: CallersConfig,
+    ) -> BenchResult<Stack> {
         let ids: Vec<String> = specs.iter().map(|s| s.server_id.clone()).collect();
         for spec in specs {
             registry
