@@ -229,7 +229,11 @@ async fn unanswered_listing_bounds_the_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_call_answer_fails_at_once() {
-    const TOOL_TIMEOUT_MS: u64 = 6000;
+    // "At once" is "long before the timeout": the bound is half of a
+    // generous timeout, so a loaded machine streaming 24 MB still passes
+    // while a call that waited for the timeout does not.
+    const TOOL_TIMEOUT_MS: u64 = 20_000;
+    let at_once = Duration::from_millis(TOOL_TIMEOUT_MS / 2);
     let stack = Stack::start("").await;
     stack
         .upsert(hostile_record(
@@ -239,7 +243,8 @@ async fn oversized_call_answer_fails_at_once() {
         ))
         .await;
     let name = injected("huge", "echo");
-    let (status, body, took) = bounded_call(&stack.worker, &name, Duration::from_secs(9)).await;
+    let wait = Duration::from_millis(TOOL_TIMEOUT_MS + 5000);
+    let (status, body, took) = bounded_call(&stack.worker, &name, wait).await;
     eprintln!(
         "[hostile::oversized_call] 24 MB answer, tool_timeout_ms {TOOL_TIMEOUT_MS}: HTTP {status} {} after {took:.2?}",
         body["error"]
@@ -252,15 +257,15 @@ async fn oversized_call_answer_fails_at_once() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("max_message_bytes"), "{message}");
-    assert!(took < Duration::from_secs(3), "the call took {took:?}");
+    assert!(took < at_once, "the call took {took:?}");
     // The connection survives: the next call fails the same way, as fast.
-    let (_, again, took_again) = bounded_call(&stack.worker, &name, Duration::from_secs(9)).await;
+    let (_, again, took_again) = bounded_call(&stack.worker, &name, wait).await;
     eprintln!(
         "[hostile::oversized_call] the same call again: {} after {took_again:.2?}",
         again["error"]["code"]
     );
     assert_eq!(again["error"]["code"], "mcp_output_too_large", "{again}");
-    assert!(took_again < Duration::from_secs(3), "{took_again:?}");
+    assert!(took_again < at_once, "{took_again:?}");
     let entry = stack.worker.server("huge").await.expect("server entry");
     assert!(
         entry["last_error"]
@@ -272,19 +277,24 @@ async fn oversized_call_answer_fails_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_deep_listings_fail_at_once() {
-    let stack = Stack::start("").await;
+    // "At once" is "long before any wait runs out": the catalog's wait for
+    // a server and the tools' timeout are generous, the bounds half of
+    // them, so a loaded machine passes while waiting them out does not.
+    const WAIT_MS: u64 = 20_000;
+    let at_once = Duration::from_millis(WAIT_MS / 2);
+    let stack = Stack::start(&format!("catalog_wait_ms = {WAIT_MS}")).await;
     stack
         .upsert(hostile_record(
             "biglist",
             &["--mode", "huge-list", "--bytes", "20000000"],
-            5000,
+            WAIT_MS,
         ))
         .await;
     stack
         .upsert(hostile_record(
             "deep",
             &["--mode", "deep-schema", "--depth", "300"],
-            5000,
+            WAIT_MS,
         ))
         .await;
     stack.upsert(stdio_record("steady", &["echo"])).await;
@@ -292,11 +302,9 @@ async fn oversized_and_deep_listings_fail_at_once() {
     let tools = stack.worker.tools().await;
     let list_took = started.elapsed();
     let (big, big_took) = stack
-        .error_naming("biglist", "max_message_bytes", Duration::from_secs(3))
+        .error_naming("biglist", "max_message_bytes", at_once)
         .await;
-    let (deep, deep_took) = stack
-        .error_naming("deep", "recursion limit", Duration::from_secs(3))
-        .await;
+    let (deep, deep_took) = stack.error_naming("deep", "recursion limit", at_once).await;
     eprintln!(
         "[hostile::listings] GET /v1/mcp/tools: {} tools after {list_took:.2?}; 20 MB listing → {} after {big_took:.2?}; 300-deep schema → {} after {deep_took:.2?}",
         tools.len(),
@@ -309,7 +317,7 @@ async fn oversized_and_deep_listings_fail_at_once() {
             .any(|t| t["name"] == injected("steady", "echo")),
         "{tools:?}"
     );
-    assert!(list_took < Duration::from_secs(2), "{list_took:?}");
+    assert!(list_took < at_once, "{list_took:?}");
     for entry in [&big, &deep] {
         assert_ne!(entry["state"], "connected", "{entry}");
     }
@@ -317,10 +325,10 @@ async fn oversized_and_deep_listings_fail_at_once() {
     let (_, body, took) = bounded_call(
         &stack.worker,
         &injected("deep", "echo"),
-        Duration::from_secs(8),
+        Duration::from_millis(WAIT_MS + 5000),
     )
     .await;
-    assert!(took < Duration::from_secs(2), "{took:?}: {body}");
+    assert!(took < at_once, "{took:?}: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
