@@ -155,7 +155,7 @@ pub(crate) async fn replicas(
 }
 
 /// A registry on a fresh SQLite file with OAuth keys.
-async fn sqlite_registry() -> (tempfile::TempDir, RegistryProcess) {
+pub(crate) async fn sqlite_registry() -> (tempfile::TempDir, RegistryProcess) {
     sqlite_registry_with(&[]).await
 }
 

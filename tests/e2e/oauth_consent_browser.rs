@@ -14,41 +14,19 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::json;
 
-use crate::harness::{ADMIN, Admin, RegistryProcess, WORKER, WorkerProcess, sqlite};
-use crate::oauth::{OAuthServer, callback_with, client, oauth_keys, oauth_record, put_connection};
-use crate::oauth_per_user::{SERVER, call_as, consent_link, create_key, team_policy};
+use crate::harness::{WORKER, WorkerProcess};
+use crate::oauth::{OAuthServer, callback_with, client, sqlite_registry};
+use crate::oauth_per_user::{call_as, consent_link, create_key, per_user_server};
 
 const CONNECTION: &str = "tracker";
 const USER: &str = "carol";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_consents_in_chromium_and_the_principal_acts_as_them() {
-    let (_dir, db_url) = sqlite();
-    let keys = oauth_keys();
-    let registry = RegistryProcess::start(&[
-        "--database-url",
-        db_url.as_str(),
-        "--admin-token",
-        ADMIN,
-        "--worker-token",
-        WORKER,
-        "--oauth-keys",
-        keys.as_str(),
-    ])
-    .await;
+    let (_dir, registry) = sqlite_registry().await;
     let server = OAuthServer::start(&["--consent-page"]).await;
-    put_connection(
-        &registry,
-        CONNECTION,
-        json!({"server_url": server.mcp, "per_user": true}),
-    )
-    .await;
-    Admin::new(&registry, ADMIN)
-        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
-        .await;
-    team_policy(&registry).await;
+    per_user_server(&registry, &server).await;
     let (carol, revision) = create_key(&registry, USER, "team").await;
     let no_args: [&str; 0] = [];
     let worker = WorkerProcess::start_without_callers(&registry.grpc_url(), WORKER, &no_args).await;

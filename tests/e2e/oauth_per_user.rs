@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::harness::{ADMIN, Admin, RegistryProcess, WORKER, WorkerProcess, eventually, injected};
 use crate::oauth::{
     OAuthServer, authorize, callback_with, client, oauth_api, oauth_record, put_connection,
-    replicas,
+    replicas, sqlite_registry,
 };
 
 const CONNECTION: &str = "tracker";
@@ -38,8 +38,23 @@ pub(crate) struct Principal {
     pub(crate) principal: String,
 }
 
+/// The per-user connection to `server`, the record naming it and the
+/// policy `team` allowing it.
+pub(crate) async fn per_user_server(registry: &RegistryProcess, server: &OAuthServer) {
+    put_connection(
+        registry,
+        CONNECTION,
+        json!({"server_url": server.mcp, "per_user": true}),
+    )
+    .await;
+    Admin::new(registry, ADMIN)
+        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
+        .await;
+    team_policy(registry).await;
+}
+
 /// `PUT /admin/api/policies/team` allowing the per-user server.
-pub(crate) async fn team_policy(registry: &RegistryProcess) {
+async fn team_policy(registry: &RegistryProcess) {
     let (status, body) = json_of(
         client()
             .put(format!("{}/admin/api/policies/team", registry.http_url()))
@@ -194,18 +209,8 @@ async fn each_principal_connects_its_own_account_and_acts_as_itself() {
     let db = TestDatabase::create().await;
     let (registry_a, registry_b) = replicas(&db).await;
     let server = OAuthServer::start(&[]).await;
-    let admin = Admin::new(&registry_a, ADMIN);
 
-    put_connection(
-        &registry_a,
-        CONNECTION,
-        json!({"server_url": server.mcp, "per_user": true}),
-    )
-    .await;
-    admin
-        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
-        .await;
-    team_policy(&registry_a).await;
+    per_user_server(&registry_a, &server).await;
     let (alice, _) = create_key(&registry_a, "alice", "team").await;
     let (bob, revision) = create_key(&registry_a, "bob", "team").await;
     let no_args: [&str; 0] = [];
@@ -424,19 +429,9 @@ async fn sdk_call(worker: &WorkerProcess, who: &Principal, mode: &str, extra: Va
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_asks_for_consent_in_the_protocol_the_client_speaks() {
-    let db = TestDatabase::create().await;
-    let (registry, _other) = replicas(&db).await;
+    let (_dir, registry) = sqlite_registry().await;
     let server = OAuthServer::start(&[]).await;
-    put_connection(
-        &registry,
-        CONNECTION,
-        json!({"server_url": server.mcp, "per_user": true}),
-    )
-    .await;
-    Admin::new(&registry, ADMIN)
-        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
-        .await;
-    team_policy(&registry).await;
+    per_user_server(&registry, &server).await;
     let (carol, _) = create_key(&registry, "carol", "team").await;
     let (alice, _) = create_key(&registry, "alice", "team").await;
     let (bob, _) = create_key(&registry, "bob", "team").await;
@@ -489,24 +484,13 @@ async fn the_gateway_asks_for_consent_in_the_protocol_the_client_speaks() {
     assert_eq!(user_of(&worker, &bob).await, "bob");
     let (status, _) = call_as(&worker, &dave).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    drop(db);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stops_for_consent_and_then_acts_as_the_caller() {
-    let db = TestDatabase::create().await;
-    let (registry, _other) = replicas(&db).await;
+    let (_dir, registry) = sqlite_registry().await;
     let server = OAuthServer::start(&[]).await;
-    put_connection(
-        &registry,
-        CONNECTION,
-        json!({"server_url": server.mcp, "per_user": true}),
-    )
-    .await;
-    Admin::new(&registry, ADMIN)
-        .upsert(oauth_record(SERVER, &server.mcp, CONNECTION))
-        .await;
-    team_policy(&registry).await;
+    per_user_server(&registry, &server).await;
     let (carol, _) = create_key(&registry, "carol", "team").await;
     let (erin, revision) = create_key(&registry, "erin", "team").await;
     let who = injected(SERVER, "whoami_user");
@@ -583,5 +567,4 @@ async fn chat_stops_for_consent_and_then_acts_as_the_caller() {
             .contains(link.rsplit('/').next().unwrap_or_default()),
         "the link is in no log"
     );
-    drop(db);
 }
