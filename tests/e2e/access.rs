@@ -40,14 +40,9 @@ impl Fixture {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.registry.http_url()))
-            .bearer_auth(ADMIN);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        json_of(request.send().await.expect("registry REST")).await
+        Admin::new(&self.registry, ADMIN)
+            .rest(method, path, body)
+            .await
     }
 
     async fn worker_get(&self, at: usize, path: &str, key: &str) -> (StatusCode, Value) {

@@ -903,6 +903,7 @@ async fn json_of(response: reqwest::Response) -> (reqwest::StatusCode, serde_jso
 /// The admin REST API of a registry (`/admin/api/mcp/servers`).
 pub struct Admin {
     base: String,
+    root: String,
     token: String,
     client: reqwest::Client,
 }
@@ -912,9 +913,28 @@ impl Admin {
     pub fn new(registry: &RegistryProcess, admin_token: &str) -> Admin {
         Admin {
             base: format!("{}/admin/api/mcp/servers", registry.http_url()),
+            root: registry.http_url(),
             token: admin_token.to_owned(),
             client: reqwest::Client::new(),
         }
+    }
+
+    /// `method path` (from the registry's root, e.g. `/admin/api/keys`)
+    /// with the admin token and `body` as JSON: status and JSON body.
+    pub async fn rest(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.root))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        json_of(request.send().await.expect("registry REST")).await
     }
 
     /// Upserts `record` (a `mcp.d` record as JSON); returns the new revision.

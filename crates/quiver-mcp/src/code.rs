@@ -40,6 +40,10 @@ pub enum ErrorCode {
     McpInputRequired,
     /// A call not run because a session budget of the chat request is used up.
     McpBudgetExceeded,
+    /// A call not run because the caller's policy's `rate_limits` or
+    /// `max_concurrent_calls` refuse it for now; `retry_after_ms` (and the
+    /// `Retry-After` header) say when to try again.
+    McpRateLimited,
     /// A per-caller limit of the fleet is reached (e.g. the caller's pending
     /// approvals); the message names the limit. Other callers are unaffected.
     ResourceExhausted,
@@ -124,6 +128,7 @@ impl ErrorCode {
             ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
             ErrorCode::McpInputRequired => ("mcp_input_required", StatusCode::CONFLICT, false),
             ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
+            ErrorCode::McpRateLimited => ("mcp_rate_limited", StatusCode::TOO_MANY_REQUESTS, true),
             ErrorCode::ResourceExhausted => {
                 ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS, true)
             }
@@ -178,8 +183,9 @@ impl serde::Serialize for ErrorCode {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 27] = [
+    const ALL: [ErrorCode; 28] = [
         ErrorCode::McpAuthorizationRequired,
+        ErrorCode::McpRateLimited,
         ErrorCode::McpUnavailable,
         ErrorCode::McpTimeout,
         ErrorCode::McpInvalidArguments,

@@ -13,11 +13,13 @@ pub mod naming;
 mod parse;
 pub mod pattern;
 pub mod policy;
+pub mod rate_limit;
 mod record;
 pub mod resource_uri;
 mod stored;
 pub mod token;
 pub mod tool_search;
+pub mod usage;
 mod validate;
 
 pub use error::{FieldError, Format, ModelError};

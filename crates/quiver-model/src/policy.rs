@@ -32,6 +32,9 @@ use crate::naming::{
     transformed_tool_name, validate_tool_name,
 };
 use crate::pattern::{PatternError, PatternSet};
+use crate::rate_limit::{
+    CompiledRateLimit, RateLimit, RateLimitError, check_max_concurrent, compile_rate_limits,
+};
 use crate::record::McpServerSpec;
 use crate::resource_uri::{ResourcePatterns, UriRefusal};
 use crate::tool_search::{ToolSearchError, ToolSearchSetting};
@@ -196,6 +199,13 @@ pub struct TaskPolicy {
     /// Whether chat requests show tool images to the model, unless the
     /// request says otherwise (`mcp.vision`).
     pub vision: bool,
+    /// Tool calls allowed per window, counted across the fleet
+    /// ([`crate::rate_limit`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rate_limits: Vec<RateLimit>,
+    /// Calls one caller may have running at once on one worker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
 }
 
 impl TaskPolicy {
@@ -233,6 +243,8 @@ impl TaskPolicy {
             models: self.models.clone(),
             tool_search: self.tool_search.max_tools()?,
             vision: self.vision,
+            rate_limits: compile_rate_limits(&self.rate_limits)?,
+            max_concurrent_calls: check_max_concurrent(self.max_concurrent_calls)?,
         })
     }
 }
@@ -249,6 +261,8 @@ pub struct CompiledTaskPolicy {
     models: BTreeMap<String, String>,
     tool_search: Option<u32>,
     vision: bool,
+    rate_limits: Vec<CompiledRateLimit>,
+    max_concurrent_calls: Option<u32>,
 }
 
 impl CompiledTaskPolicy {
@@ -265,7 +279,19 @@ impl CompiledTaskPolicy {
             models: BTreeMap::new(),
             tool_search: None,
             vision: false,
+            rate_limits: Vec::new(),
+            max_concurrent_calls: None,
         }
+    }
+
+    /// The task's rate limits, in the order configured.
+    pub fn rate_limits(&self) -> &[CompiledRateLimit] {
+        &self.rate_limits
+    }
+
+    /// Calls one caller may have running at once on one worker.
+    pub fn max_concurrent_calls(&self) -> Option<u32> {
+        self.max_concurrent_calls
     }
 
     /// Whether chat requests show tool images to the model by default.
@@ -418,6 +444,9 @@ pub enum PolicyError {
     /// `tool_search.max_tools` is out of range.
     #[error("tool_search.max_tools: {0}")]
     ToolSearch(#[from] ToolSearchError),
+    /// A rate limit or `max_concurrent_calls` is invalid.
+    #[error(transparent)]
+    RateLimit(#[from] RateLimitError),
     /// The request names servers the task does not allow; a request cannot
     /// widen the task policy.
     #[error(
@@ -441,6 +470,7 @@ impl PolicyError {
             PolicyError::ServersNotAllowed { .. } => "server_ids",
             PolicyError::Budget(error) => error.field(),
             PolicyError::ToolSearch(_) => "tool_search.max_tools",
+            PolicyError::RateLimit(error) => &error.field,
         }
     }
 }

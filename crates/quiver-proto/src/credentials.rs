@@ -11,6 +11,7 @@ use crate::v1::mcp_approval_service_client::McpApprovalServiceClient;
 use crate::v1::mcp_o_auth_service_client::McpOAuthServiceClient;
 use crate::v1::mcp_registry_service_client::McpRegistryServiceClient;
 use crate::v1::mcp_session_service_client::McpSessionServiceClient;
+use crate::v1::mcp_usage_service_client::McpUsageServiceClient;
 
 /// Metadata key naming the person or system behind a write (audit).
 pub const ACTOR_METADATA: &str = "x-quiver-actor";
@@ -27,6 +28,10 @@ pub type OAuthClient = McpOAuthServiceClient<InterceptedService<Channel, Credent
 /// A gateway-session revocation client (docs/reference.md §13.4) with its
 /// credentials attached.
 pub type SessionClient = McpSessionServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// A rate-limit and usage client (docs/reference.md §12.3) with its
+/// credentials attached.
+pub type UsageClient = McpUsageServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// A token or actor that cannot be sent as header text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +84,11 @@ impl Credentials {
     /// A gateway-session revocation client over `channel` sending these credentials.
     pub fn session_client(self, channel: Channel) -> SessionClient {
         McpSessionServiceClient::with_interceptor(channel, self)
+    }
+
+    /// A rate-limit and usage client over `channel` sending these credentials.
+    pub fn usage_client(self, channel: Channel) -> UsageClient {
+        McpUsageServiceClient::with_interceptor(channel, self)
     }
 }
 

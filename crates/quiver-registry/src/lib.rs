@@ -19,6 +19,7 @@ mod server;
 pub mod sessions;
 pub mod signin;
 pub mod state;
+pub mod usage;
 pub mod web;
 pub mod workers;
 

@@ -17,6 +17,7 @@ use quiver_proto::v1::mcp_approval_service_server::McpApprovalServiceServer;
 use quiver_proto::v1::mcp_o_auth_service_server::McpOAuthServiceServer;
 use quiver_proto::v1::mcp_registry_service_server::McpRegistryServiceServer;
 use quiver_proto::v1::mcp_session_service_server::McpSessionServiceServer;
+use quiver_proto::v1::mcp_usage_service_server::McpUsageServiceServer;
 use quiver_store::Store;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -84,6 +85,8 @@ pub struct RegistryOptions {
     pub approvals: ApprovalOptions,
     /// OAuth connections: the encryption keys and the public URL.
     pub oauth: OAuthOptions,
+    /// How long usage rows are kept (docs/reference.md §12.3).
+    pub usage_retention: Duration,
 }
 
 /// OAuth settings of the registry (docs/reference.md §13.6).
@@ -158,6 +161,7 @@ impl Default for RegistryOptions {
             listener: ListenerOptions::default(),
             approvals: ApprovalOptions::default(),
             oauth: OAuthOptions::default(),
+            usage_retention: crate::usage::DEFAULT_USAGE_RETENTION,
         }
     }
 }
@@ -311,6 +315,11 @@ impl Registry {
             state.clone(),
             shutdown.clone(),
         ));
+        tokio::spawn(crate::usage::sweep_periodically(
+            state.clone(),
+            options.usage_retention,
+            shutdown.clone(),
+        ));
 
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
@@ -338,6 +347,9 @@ impl Registry {
             )))
             .add_service(McpSessionServiceServer::new(
                 crate::sessions::GrpcSessionService::new(state.clone()),
+            ))
+            .add_service(McpUsageServiceServer::new(
+                crate::usage::GrpcUsageService::new(state.clone()),
             ));
         let tls = options
             .tls

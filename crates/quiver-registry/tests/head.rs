@@ -474,6 +474,40 @@ impl Store for CountingStore {
     ) -> Result<Option<chrono::DateTime<chrono::Utc>>, StoreError> {
         self.inner.gateway_session_revocation(session_sha256).await
     }
+    async fn lease_calls(
+        &self,
+        key: &str,
+        limit: u32,
+        per_s: u32,
+        want: u32,
+    ) -> Result<quiver_store::CallsLease, StoreError> {
+        self.inner.lease_calls(key, limit, per_s, want).await
+    }
+    async fn give_back_calls(
+        &self,
+        key: &str,
+        window_start_ms: i64,
+        calls: u32,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .give_back_calls(key, window_start_ms, calls)
+            .await
+    }
+    async fn record_usage(&self, batch: &quiver_store::UsageBatch) -> Result<bool, StoreError> {
+        self.inner.record_usage(batch).await
+    }
+    async fn usage(
+        &self,
+        group: quiver_model::usage::UsageGroup,
+        since_ms: i64,
+        until_ms: i64,
+        step_ms: Option<i64>,
+    ) -> Result<(Vec<quiver_model::usage::UsageTotal>, bool), StoreError> {
+        self.inner.usage(group, since_ms, until_ms, step_ms).await
+    }
+    async fn prune_usage(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.inner.prune_usage(before_ms).await
+    }
 }
 
 /// Database reads of one write while `watchers` streams follow it, each

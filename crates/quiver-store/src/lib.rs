@@ -36,6 +36,7 @@ mod postgres;
 mod sessions;
 mod sql;
 mod sqlite;
+mod usage;
 
 pub use postgres::CHANGE_CHANNEL;
 pub use sql::SqlStore;
@@ -60,6 +61,38 @@ pub const MAX_OAUTH_TICKETS_PER_GRANT: u64 = 5;
 /// At most this many unexpired gateway session revocations are remembered
 /// at once ([`Store::revoke_gateway_session`]).
 pub const MAX_GATEWAY_SESSION_REVOCATIONS: u64 = 100_000;
+
+/// At most this many rows one usage batch may add ([`Store::record_usage`]).
+pub const MAX_USAGE_BATCH_ROWS: usize = quiver_model::usage::MAX_BATCH_ROWS;
+
+/// At most this many rows one usage query answers ([`Store::usage`]).
+pub const MAX_USAGE_ROWS: usize = 10_000;
+
+/// Calls of a rate-limit window leased to a worker ([`Store::lease_calls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallsLease {
+    /// Calls granted, at most the ask; 0 when the window is used up.
+    pub granted: u32,
+    /// The window they belong to (its start, milliseconds since the epoch);
+    /// unused calls are given back to it.
+    pub window_start_ms: i64,
+    /// Milliseconds until the window ends.
+    pub remaining_ms: i64,
+}
+
+/// Usage counts one worker reports at once ([`Store::record_usage`]).
+#[derive(Debug, Clone)]
+pub struct UsageBatch {
+    /// Who sends it (a worker instance).
+    pub source: String,
+    /// Its number at the source: a batch sent twice counts once.
+    pub batch_id: u64,
+    /// The counts, at most [`MAX_USAGE_BATCH_ROWS`].
+    pub rows: Vec<(
+        quiver_model::usage::UsageKey,
+        quiver_model::usage::UsageCounts,
+    )>,
+}
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -864,6 +897,42 @@ pub trait Store: Send + Sync + 'static {
         &self,
         session_sha256: &str,
     ) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Leases up to `want` calls of the current window of the rate-limit
+    /// counter `key` (`limit` calls per `per_s` seconds), opening a new
+    /// window when the last one ended. Never grants more than `limit` per
+    /// window in all, whoever asks.
+    async fn lease_calls(
+        &self,
+        key: &str,
+        limit: u32,
+        per_s: u32,
+        want: u32,
+    ) -> Result<CallsLease, StoreError>;
+    /// Gives back `calls` leased from the window that started at
+    /// `window_start_ms` and not used; nothing when that window ended.
+    async fn give_back_calls(
+        &self,
+        key: &str,
+        window_start_ms: i64,
+        calls: u32,
+    ) -> Result<(), StoreError>;
+    /// Adds a batch of usage counts; `false` when this batch was added
+    /// before (and nothing changed).
+    async fn record_usage(&self, batch: &UsageBatch) -> Result<bool, StoreError>;
+    /// Usage between `since_ms` and `until_ms` grouped by `group` (per
+    /// `step_ms` when given), by time then calls; at most
+    /// [`MAX_USAGE_ROWS`] rows, and whether more there were.
+    async fn usage(
+        &self,
+        group: quiver_model::usage::UsageGroup,
+        since_ms: i64,
+        until_ms: i64,
+        step_ms: Option<i64>,
+    ) -> Result<(Vec<quiver_model::usage::UsageTotal>, bool), StoreError>;
+    /// Deletes usage rows older than `before_ms`, batch marks older than a
+    /// day and rate windows that ended; how many rows went.
+    async fn prune_usage(&self, before_ms: i64) -> Result<u64, StoreError>;
 }
 
 /// Opens the store a URL names (`sqlite://…` or `postgres://…`), applying migrations.

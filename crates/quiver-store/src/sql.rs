@@ -1063,4 +1063,41 @@ impl Store for SqlStore {
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         self.sessions_revocation(session_sha256).await
     }
+
+    async fn lease_calls(
+        &self,
+        key: &str,
+        limit: u32,
+        per_s: u32,
+        want: u32,
+    ) -> Result<crate::CallsLease, StoreError> {
+        self.usage_lease(key, limit, per_s, want).await
+    }
+
+    async fn give_back_calls(
+        &self,
+        key: &str,
+        window_start_ms: i64,
+        calls: u32,
+    ) -> Result<(), StoreError> {
+        self.usage_give_back(key, window_start_ms, calls).await
+    }
+
+    async fn record_usage(&self, batch: &crate::UsageBatch) -> Result<bool, StoreError> {
+        self.usage_record(batch).await
+    }
+
+    async fn usage(
+        &self,
+        group: quiver_model::usage::UsageGroup,
+        since_ms: i64,
+        until_ms: i64,
+        step_ms: Option<i64>,
+    ) -> Result<(Vec<quiver_model::usage::UsageTotal>, bool), StoreError> {
+        self.usage_totals(group, since_ms, until_ms, step_ms).await
+    }
+
+    async fn prune_usage(&self, before_ms: i64) -> Result<u64, StoreError> {
+        self.usage_prune(before_ms).await
+    }
 }

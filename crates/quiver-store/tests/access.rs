@@ -3,6 +3,8 @@
 //! fresh database on this machine's server). They share the server records'
 //! revision space, so these tests interleave both.
 
+mod backends;
+
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
@@ -14,22 +16,6 @@ use quiver_model::{ChangeKind, McpServerSpec, Source, StdioConfig, Transport};
 use quiver_store::{
     AccessDelete, AccessOutcome, AccessPut, HistoryPage, SqlStore, Store, StoreError, UpsertRequest,
 };
-use quiver_testkit::postgres::TestDatabase;
-
-async fn sqlite() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
-    (
-        Arc::new(SqlStore::open_sqlite(&url).await.unwrap()),
-        Box::new(dir),
-    )
-}
-
-async fn postgres() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let db = TestDatabase::create().await;
-    let store = Arc::new(SqlStore::open_postgres(db.url()).await.unwrap());
-    (store, Box::new(db))
-}
 
 /// A time as the store keeps it (milliseconds).
 fn ms(at: DateTime<Utc>) -> DateTime<Utc> {
@@ -503,23 +489,6 @@ async fn api_key_use_only_moves_forward(store: Arc<SqlStore>) {
     store.put_access(put(key("k1", "p"))).await.unwrap();
     let last_used = store.api_keys_last_used().await.unwrap();
     assert_eq!(last_used.keys().collect::<Vec<_>>(), ["k2"]);
-}
-
-macro_rules! suite {
-    ($($backend:ident),*; $tests:tt) => {
-        $(suite!(@backend $backend $tests);)*
-    };
-    (@backend $backend:ident [$($test:ident),*]) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    let (store, _keep) = super::$backend().await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
 }
 
 suite!(sqlite, postgres; [

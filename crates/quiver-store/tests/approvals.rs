@@ -1,6 +1,8 @@
 //! Approvals on both backends: SQLite (a file in a temporary directory) and
 //! PostgreSQL (a fresh database on this machine's server).
 
+mod backends;
+
 use std::sync::Arc;
 
 use quiver_model::approval::{
@@ -8,23 +10,7 @@ use quiver_model::approval::{
     canonical_arguments_hash,
 };
 use quiver_store::{DecideOutcome, NewApproval, SqlStore, Store};
-use quiver_testkit::postgres::TestDatabase;
 use serde_json::json;
-
-async fn sqlite() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
-    (
-        Arc::new(SqlStore::open_sqlite(&url).await.unwrap()),
-        Box::new(dir),
-    )
-}
-
-async fn postgres() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let db = TestDatabase::create().await;
-    let store = Arc::new(SqlStore::open_postgres(db.url()).await.unwrap());
-    (store, Box::new(db))
-}
 
 fn binding() -> ApprovalBinding {
     ApprovalBinding {
@@ -310,23 +296,10 @@ async fn futures_join(
     outcomes
 }
 
-macro_rules! suite {
-    ($($backend:ident: $($test:ident),* ;)*) => {
-        $(
-            mod $backend {
-                $(
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                    async fn $test() {
-                        let (store, _keep) = super::$backend().await;
-                        super::$test(store).await;
-                    }
-                )*
-            }
-        )*
-    };
-}
-
-suite! {
-    sqlite: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency, purge;
-    postgres: lifecycle, denial_and_listing, expiry, used_exactly_once_under_concurrency, purge;
-}
+suite!(sqlite, postgres; [
+    lifecycle,
+    denial_and_listing,
+    expiry,
+    used_exactly_once_under_concurrency,
+    purge
+]);

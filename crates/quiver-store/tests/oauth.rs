@@ -2,6 +2,8 @@
 //! file in a temporary directory) and PostgreSQL (a fresh database on this
 //! machine's server).
 
+mod backends;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,22 +12,6 @@ use quiver_store::{
     GrantKey, MAX_OAUTH_TICKETS_PER_GRANT, MAX_PENDING_OAUTH_AUTHORIZATIONS, OAuthAuthorizationRow,
     OAuthStatus, OAuthTicketRow, OAuthTokens, SecretUpdate, SqlStore, Store, StoreError,
 };
-use quiver_testkit::postgres::TestDatabase;
-
-async fn sqlite() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("registry.db").display());
-    (
-        Arc::new(SqlStore::open_sqlite(&url).await.unwrap()),
-        Box::new(dir),
-    )
-}
-
-async fn postgres() -> (Arc<SqlStore>, Box<dyn std::any::Any + Send>) {
-    let db = TestDatabase::create().await;
-    let store = Arc::new(SqlStore::open_postgres(db.url()).await.unwrap());
-    (store, Box::new(db))
-}
 
 /// A time as the store keeps it (milliseconds).
 fn ms(at: DateTime<Utc>) -> DateTime<Utc> {
@@ -892,23 +878,6 @@ async fn concurrent_config_writes(store: Arc<SqlStore>) {
     }
     generations.sort_unstable();
     assert_eq!(generations, (2..=9).collect::<Vec<u64>>());
-}
-
-macro_rules! suite {
-    ($($backend:ident),*; $tests:tt) => {
-        $(suite!(@backend $backend $tests);)*
-    };
-    (@backend $backend:ident [$($test:ident),*]) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $test() {
-                    let (store, _keep) = super::$backend().await;
-                    super::$test(store).await;
-                }
-            )*
-        }
-    };
 }
 
 suite!(sqlite, postgres; [

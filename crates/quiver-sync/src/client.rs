@@ -42,6 +42,8 @@ struct Replica {
     oauth: OnceLock<quiver_proto::credentials::OAuthClient>,
     /// The gateway-session revocation client, likewise.
     sessions: OnceLock<quiver_proto::credentials::SessionClient>,
+    /// The rate-limit and usage client, likewise.
+    usage: OnceLock<quiver_proto::credentials::UsageClient>,
 }
 
 impl Connector {
@@ -62,6 +64,7 @@ impl Connector {
                     approvals: OnceLock::new(),
                     oauth: OnceLock::new(),
                     sessions: OnceLock::new(),
+                    usage: OnceLock::new(),
                 })
             })
             .collect::<Result<Vec<_>, SyncError>>()?;
@@ -125,6 +128,35 @@ impl Connector {
 }
 
 impl Connector {
+    /// The replica's client of one service, made on first use: one channel
+    /// per replica and service that reconnects by itself.
+    fn client_of<C: Clone>(
+        &self,
+        cell: impl FnOnce(&Replica) -> &OnceLock<C>,
+        make: impl FnOnce(Credentials, tonic::transport::Channel) -> C,
+    ) -> C {
+        let replica = self.replica();
+        cell(replica)
+            .get_or_init(|| make(self.credentials.clone(), replica.endpoint.connect_lazy()))
+            .clone()
+    }
+
+    /// Runs one rate-limit or usage call on the replica the sync follows,
+    /// within `timeout` (a call waits for a lease at most this long).
+    pub(crate) async fn usage_call<T, F, Fut>(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        request: F,
+    ) -> Result<T, SyncError>
+    where
+        F: FnOnce(quiver_proto::credentials::UsageClient) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client_of(|replica| &replica.usage, Credentials::usage_client);
+        self.bounded_by(call, timeout, request(client)).await
+    }
+
     /// Runs one approvals call on the replica the sync follows, within the
     /// request timeout.
     pub(crate) async fn approval_call<T, F, Fut>(
@@ -136,15 +168,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::ApprovalClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let replica = self.replica();
-        let client = replica
-            .approvals
-            .get_or_init(|| {
-                self.credentials
-                    .clone()
-                    .approval_client(replica.endpoint.connect_lazy())
-            })
-            .clone();
+        let client = self.client_of(|replica| &replica.approvals, Credentials::approval_client);
         self.bounded(call, request(client)).await
     }
 
@@ -159,15 +183,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::OAuthClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let replica = self.replica();
-        let client = replica
-            .oauth
-            .get_or_init(|| {
-                self.credentials
-                    .clone()
-                    .oauth_client(replica.endpoint.connect_lazy())
-            })
-            .clone();
+        let client = self.client_of(|replica| &replica.oauth, Credentials::oauth_client);
         // A token request may wait for another replica's refresh and then
         // refresh itself (registry: lease wait plus token request).
         let timeout = self.request_timeout.max(OAUTH_CALL_TIMEOUT);
@@ -187,15 +203,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::SessionClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let replica = self.replica();
-        let client = replica
-            .sessions
-            .get_or_init(|| {
-                self.credentials
-                    .clone()
-                    .session_client(replica.endpoint.connect_lazy())
-            })
-            .clone();
+        let client = self.client_of(|replica| &replica.sessions, Credentials::session_client);
         self.bounded_by(call, timeout, request(client)).await
     }
 

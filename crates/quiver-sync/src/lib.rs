@@ -50,6 +50,7 @@ mod report;
 mod service;
 mod sessions;
 mod snapshot;
+mod usage;
 
 pub use approvals::{CallBinding, RegistryApprovals};
 pub use error::SyncError;
@@ -60,6 +61,7 @@ pub use report::HealthSource;
 pub use service::SyncService;
 pub use sessions::RegistrySessions;
 pub use snapshot::{AccessMap, Snapshot, SnapshotHandle, SnapshotUpdate};
+pub use usage::{LeasedCalls, RegistryUsage};
 
 #[cfg(test)]
 mod test_support {

@@ -75,6 +75,14 @@ impl SyncService {
         }
     }
 
+    /// The registry's rate-limit windows and usage counts, asked of the
+    /// replica this sync follows.
+    pub fn usage(&self) -> crate::usage::RegistryUsage {
+        crate::usage::RegistryUsage {
+            connector: self.connector.clone(),
+        }
+    }
+
     /// A handle to read snapshots; valid before, during and after `run`.
     pub fn handle(&self) -> SnapshotHandle {
         SnapshotHandle {

@@ -22,8 +22,10 @@ use crate::audit::AuditOptions;
 use crate::auth::{CallerId, Task};
 use crate::catalog::{Catalog, CatalogCache, CatalogTool, Listing};
 use crate::error::ErrorObject;
+use crate::quota::{Admission, Quotas};
 use crate::schema::SchemaCache;
 use crate::tool_search::{ToolIndex, ToolIndexCache};
+use crate::usage::{CallSubject, CallUsage, UsageRecorder};
 
 /// Why a call did not run or did not finish (docs/reference.md §10).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +59,15 @@ pub enum CallError {
     /// it), e.g. the caller's pending approvals at the registry's cap.
     #[error("{0}")]
     LimitReached(String),
+    /// The caller's policy's `rate_limits` or `max_concurrent_calls` refuse
+    /// the call for now (the message names the rule).
+    #[error("{message}")]
+    RateLimited {
+        /// Which rule refused.
+        message: String,
+        /// When trying again may succeed.
+        retry_after: Duration,
+    },
     /// The MCP call failed.
     #[error(transparent)]
     Mcp(#[from] McpError),
@@ -78,6 +89,7 @@ impl CallError {
             CallError::InvalidArguments(_) => ErrorCode::McpInvalidArguments,
             CallError::Asking(_) => ErrorCode::McpInputRequired,
             CallError::LimitReached(_) => ErrorCode::ResourceExhausted,
+            CallError::RateLimited { .. } => ErrorCode::McpRateLimited,
             CallError::Mcp(err) => err.code(),
         }
     }
@@ -85,7 +97,7 @@ impl CallError {
     /// Whether retrying later may succeed.
     pub fn retryable(&self) -> bool {
         match self {
-            CallError::LimitReached(_) => true,
+            CallError::LimitReached(_) | CallError::RateLimited { .. } => true,
             CallError::Mcp(err) => err.retryable(),
             _ => false,
         }
@@ -105,6 +117,14 @@ impl From<&CallError> for ErrorObject {
                 approval_id: Some(id),
                 ..
             } => object.with("approval_id", Value::String(id.clone())),
+            CallError::RateLimited { retry_after, .. } => {
+                // Whole milliseconds, at least 1: "now" is never the answer.
+                let ms = retry_after.as_millis().max(1);
+                object.with(
+                    "retry_after_ms",
+                    Value::from(u64::try_from(ms).unwrap_or(u64::MAX)),
+                )
+            }
             // The link goes to the caller only: it is in no message, so in
             // no log line.
             CallError::Mcp(McpError::AuthorizationRequired(required)) => object
@@ -342,6 +362,10 @@ pub struct ToolRunner {
     approvals: Option<RegistryApprovals>,
     /// Images and audio of results.
     artifacts: Arc<ArtifactStore>,
+    /// Policies' rate limits and concurrency caps.
+    quotas: Arc<Quotas>,
+    /// Where each call is counted for the registry's usage report.
+    usage: Option<Arc<UsageRecorder>>,
 }
 
 impl ToolRunner {
@@ -357,7 +381,31 @@ impl ToolRunner {
             audit: Arc::new(audit),
             approvals: None,
             artifacts: Arc::default(),
+            quotas: Arc::default(),
+            usage: None,
         }
+    }
+
+    /// Counts rate limits with `quotas` (fleet-wide when it has a registry).
+    pub fn with_quotas(mut self, quotas: Arc<Quotas>) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// Counts every call in `usage`.
+    pub fn with_usage(mut self, usage: Arc<UsageRecorder>) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    /// The rate limits and concurrency caps.
+    pub fn quotas(&self) -> &Arc<Quotas> {
+        &self.quotas
+    }
+
+    /// The usage recorder, when calls are counted.
+    pub fn usage(&self) -> Option<&Arc<UsageRecorder>> {
+        self.usage.as_ref()
     }
 
     /// Keeps the images and audio of results in `artifacts`.
@@ -535,6 +583,56 @@ impl ToolRunner {
         }
     }
 
+    /// Admits a call under the caller's policy's rate limits and
+    /// concurrency cap; a refusal is counted, logged and answered with the
+    /// rule that refused.
+    async fn admit(
+        &self,
+        task: &Task,
+        context: &CallContext,
+        subject: CallSubject<'_>,
+    ) -> Result<Admission, CallError> {
+        let policy = &task.policy;
+        if policy.rate_limits().is_empty() && policy.max_concurrent_calls().is_none() {
+            return Ok(Admission::unlimited());
+        }
+        let refusal = match self
+            .quotas
+            .admit(
+                subject.policy,
+                subject.principal,
+                policy.rate_limits(),
+                policy.max_concurrent_calls(),
+                (subject.server_id, subject.tool),
+            )
+            .await
+        {
+            Ok(admission) => return Ok(admission),
+            Err(refusal) => refusal,
+        };
+        metrics::counter!("quiver_worker_calls_by_policy_total", "policy" => task.name.clone(), "status" => ErrorCode::McpRateLimited.as_str())
+            .increment(1);
+        tracing::info!(
+            target: "quiver::audit",
+            request_id = %context.request_id,
+            session_id = context.session_id(),
+            principal = %subject.principal,
+            task = %task.name,
+            server_id = %subject.server_id,
+            tool = %subject.tool,
+            status = ErrorCode::McpRateLimited.as_str(),
+            reason = %refusal.message,
+            "mcp tool call refused"
+        );
+        if let Some(usage) = &self.usage {
+            usage.record(subject, CallUsage::RateLimited);
+        }
+        Err(CallError::RateLimited {
+            message: refusal.message,
+            retry_after: refusal.retry_after,
+        })
+    }
+
     /// Runs a tool resolved against the caller's catalog, its approval
     /// settled (`_cleared`). `started` is when the caller's request for it
     /// arrived (latency metric): the server's `tool_timeout_ms` counts from
@@ -551,6 +649,14 @@ impl ToolRunner {
         self.schemas
             .check(&tool.tool.input_schema, &arguments)
             .map_err(CallError::InvalidArguments)?;
+        let principal = principal_of(context.caller.as_ref());
+        let subject = CallSubject {
+            principal: &principal,
+            policy: &task.name,
+            server_id: tool.server_id(),
+            tool: tool.tool_name(),
+        };
+        let _admission = self.admit(task, context, subject).await?;
         let logged_arguments = self.audit.arguments(&arguments);
         let mut options = context.relay.clone();
         let mut asked_rounds = 0;
@@ -590,6 +696,24 @@ impl ToolRunner {
             Err(err) => err.code().as_str(),
         };
         let duration = started.elapsed();
+        if let Some(usage) = &self.usage {
+            let failed = match &result {
+                Ok(outcome) => outcome.result.is_error == Some(true),
+                Err(_) => true,
+            };
+            usage.record(
+                CallSubject {
+                    principal: &principal,
+                    policy: &task.name,
+                    server_id: &server_id,
+                    tool: &tool_name,
+                },
+                CallUsage::Ran {
+                    failed,
+                    latency: duration,
+                },
+            );
+        }
         metrics::counter!("mcp_tool_call_total", "server_id" => server_id.clone(), "tool" => tool_name.clone()).increment(1);
         // Who called, by policy (a bounded set), never by principal.
         metrics::counter!("quiver_worker_calls_by_policy_total", "policy" => task.name.clone(), "status" => status)
@@ -604,7 +728,7 @@ impl ToolRunner {
             target: "quiver::audit",
             request_id = %context.request_id,
             session_id = context.session_id(),
-            principal = %principal_of(context.caller.as_ref()),
+            principal = %principal,
             task = %task.name,
             server_id = %server_id,
             tool = %tool_name,

@@ -14,9 +14,11 @@ pub mod gateway;
 pub mod health;
 pub mod http;
 pub mod oauth_tokens;
+pub mod quota;
 pub mod registry_callers;
 pub mod schema;
 mod service;
 pub mod tool_search;
+pub mod usage;
 
 pub use service::{DEFAULT_CATALOG_WAIT, DEFAULT_HTTP_LISTEN, Worker, WorkerError, WorkerOptions};

@@ -22,7 +22,9 @@ use crate::gateway::{Gateway, GatewayOptions};
 use crate::health::PoolHealth;
 use crate::http::{ApiState, router};
 use crate::oauth_tokens::TokenCache;
+use crate::quota::Quotas;
 use crate::registry_callers::RegistryCallers;
+use crate::usage::UsageRecorder;
 
 /// How the worker runs.
 #[derive(Clone)]
@@ -58,6 +60,8 @@ pub struct WorkerOptions {
     pub gateway: GatewayOptions,
     /// The artifact store of images and audio in results.
     pub artifacts: ArtifactOptions,
+    /// How often usage counts go to the registry.
+    pub usage_flush: Duration,
 }
 
 /// Default of [`WorkerOptions::catalog_wait`]: long enough for a warm or
@@ -89,6 +93,7 @@ impl Default for WorkerOptions {
             listener: ListenerOptions::default(),
             gateway: GatewayOptions::default(),
             artifacts: ArtifactOptions::default(),
+            usage_flush: crate::usage::DEFAULT_FLUSH,
         }
     }
 }
@@ -166,6 +171,11 @@ impl Worker {
         }
         let runner = ToolRunner::new(pool, options.audit.clone(), options.catalog_wait)
             .with_approvals(sync.approvals())
+            .with_quotas(Arc::new(Quotas::new(Some(sync.usage()))))
+            .with_usage(Arc::new(UsageRecorder::new(
+                sync.usage(),
+                &options.sync.worker_id,
+            )))
             .with_artifacts(Arc::new(ArtifactStore::new(artifacts)));
         let gateway = Gateway::new(
             runner.clone(),
@@ -238,6 +248,12 @@ impl Worker {
             options.warm_up.clone(),
             shutdown.clone(),
         ));
+        let quotas = tokio::spawn(state.runner.quotas().clone().run(shutdown.clone()));
+        let usage = state
+            .runner
+            .usage()
+            .cloned()
+            .map(|usage| tokio::spawn(usage.run(options.usage_flush, shutdown.clone())));
         let gateway = state.gateway.clone();
         let notifying = shutdown.clone();
         tokio::spawn(async move { gateway.follow_changes(notifying).await });
@@ -259,6 +275,12 @@ impl Worker {
             } => {}
         }
         pool.shutdown().await;
+        // Unused shares go back and the last counts out, each bounded by
+        // its own request timeout.
+        let _ = quotas.await;
+        if let Some(usage) = usage {
+            let _ = usage.await;
+        }
         let _ = syncing.await;
         Ok(())
     }

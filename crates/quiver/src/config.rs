@@ -41,6 +41,8 @@ pub struct RegistryFile {
     pub max_pending_approvals: Option<u32>,
     /// Seconds finished approvals are kept after their expiry.
     pub approval_retention_secs: Option<u64>,
+    /// Days usage rows are kept.
+    pub usage_retention_days: Option<u64>,
     /// The registry's URL as browsers reach it (OAuth redirects).
     pub public_url: Option<String>,
     /// Serve without credentials (loopback only).
@@ -119,6 +121,8 @@ pub struct WorkerFile {
     /// The artifact store (images and audio of tool results).
     #[serde(default)]
     pub artifacts: ArtifactsSection,
+    /// How often usage counts are reported to the registry, in ms.
+    pub usage_flush_ms: Option<u64>,
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,

@@ -417,5 +417,20 @@ mod tests {
         let refusal = ToolMessage::error(&CallError::not_available("x"), 0);
         assert_eq!(refusal.output_bytes, 0);
         assert!(refusal.content.contains("not a tool available"));
+
+        // A rate limit's refusal tells the model which rule and when.
+        let limited = ToolMessage::error(
+            &CallError::RateLimited {
+                message: "rate_limits[0] (10 calls of \"s.t\" per 60 s per principal) reached"
+                    .into(),
+                retry_after: std::time::Duration::from_millis(1500),
+            },
+            0,
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&limited.content).unwrap();
+        assert_eq!(parsed["error"]["code"], "mcp_rate_limited");
+        assert_eq!(parsed["error"]["retry_after_ms"], 1500);
+        assert!(limited.content.contains("rate_limits[0]"));
+        assert_eq!(limited.status, "mcp_rate_limited");
     }
 }

@@ -31,11 +31,24 @@ impl From<ErrorObject> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let unauthenticated = self.object.code == ErrorCode::Unauthenticated;
+        // A refusal that knows when to try again says it in whole seconds,
+        // rounded up (RFC 9110 §10.2.3).
+        let retry_after = self
+            .object
+            .extra
+            .get("retry_after_ms")
+            .and_then(serde_json::Value::as_u64)
+            .map(|ms| ms.div_ceil(1000).max(1));
         let mut response = (self.status, axum::Json(self.object.to_body())).into_response();
         if unauthenticated {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

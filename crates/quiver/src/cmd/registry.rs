@@ -105,6 +105,12 @@ pub struct RegistryArgs {
         help = format!("How long denied, used and expired approvals are kept after their expiry, in seconds [default: {}]",
             quiver_registry::approvals::DEFAULT_APPROVAL_RETENTION.as_secs()))]
     pub approval_retention_secs: Option<u64>,
+    /// How long usage rows are kept, in days.
+    #[arg(long, env = "QUIVER_USAGE_RETENTION_DAYS",
+        value_parser = clap::value_parser!(u64).range(1..=3650),
+        help = format!("How long usage counts of tool calls are kept, in days [default: {}]",
+            quiver_registry::usage::DEFAULT_USAGE_RETENTION.as_secs() / 86_400))]
+    pub usage_retention_days: Option<u64>,
     /// Keys sealing OAuth secrets and tokens at rest: `ID:BASE64` (32
     /// bytes), several separated by commas or newlines, the first sealing;
     /// prefer --oauth-key-file.
@@ -270,6 +276,12 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
                     Duration::from_secs(secs.max(1))
                 }),
         },
+        usage_retention: args
+            .usage_retention_days
+            .or(file.usage_retention_days)
+            .map_or(defaults.usage_retention, |days| {
+                Duration::from_secs(days.max(1) * 86_400)
+            }),
         oauth: OAuthOptions {
             keyring: oauth_keys
                 .as_deref()

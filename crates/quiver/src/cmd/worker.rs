@@ -64,6 +64,12 @@ pub struct WorkerArgs {
     /// Serve callers without a token as task "default"; loopback listeners only.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// How often usage counts are reported to the registry, in ms.
+    #[arg(long, env = "QUIVER_USAGE_FLUSH_MS",
+        value_parser = clap::value_parser!(u64).range(50..=3_600_000),
+        help = format!("How often usage counts of tool calls are reported to the registry, in ms [default: {}]",
+            quiver_worker::usage::DEFAULT_FLUSH.as_millis()))]
+    pub usage_flush_ms: Option<u64>,
     /// Connect this server as soon as it appears (repeatable).
     #[arg(long = "warm-up", env = "QUIVER_WARM_UP", value_delimiter = ',')]
     pub warm_up: Vec<String>,
@@ -206,6 +212,10 @@ pub fn options(args: WorkerArgs) -> anyhow::Result<(WorkerOptions, LogSettings)>
         listener: args.listener.options(file.listener),
         gateway,
         artifacts: file.artifacts.into_options()?,
+        usage_flush: args
+            .usage_flush_ms
+            .or(file.usage_flush_ms)
+            .map_or(defaults.usage_flush, |ms| Duration::from_millis(ms.max(50))),
         ..defaults
     };
     let log = args.log.settings(file.log)?;
