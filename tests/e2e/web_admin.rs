@@ -7,7 +7,7 @@
 //! embedded files; the script drives the pages (sign-in, create with tool
 //! preview, edit, validation errors, edit conflicts, history and rollback,
 //! worker status, import and rescan, delete, read-only view) and saves
-//! screenshots under `target/web-admin-screenshots/`.
+//! screenshots under `target/web-admin-screenshots/admin/`.
 //!
 //! A second test (`tests/web/signin.spec.mjs`) signs people in with the
 //! organisation's identity provider — a `quiver-testkit-oauth` issuer — and
@@ -41,7 +41,7 @@ const WORKER_ID: &str = "e2e-web-worker";
 /// Hard limit for the browser script (it normally takes 15–30 s).
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(150);
 
-fn workspace() -> PathBuf {
+pub(crate) fn workspace() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     std::fs::canonicalize(&path).unwrap_or(path)
 }
@@ -333,7 +333,9 @@ async fn web_admin_in_chromium() {
     check_serving(&registry.http_url()).await;
     request_approvals(&registry.grpc_url()).await;
 
-    let screenshots = workspace().join("target/web-admin-screenshots");
+    // Its own directory only: other browser tests write theirs next to it
+    // at the same time.
+    let screenshots = workspace().join("target/web-admin-screenshots/admin");
     let _ = std::fs::remove_dir_all(&screenshots);
     std::fs::create_dir_all(&screenshots).expect("screenshot dir");
     let script = workspace().join("tests/web/admin.spec.mjs");

@@ -177,3 +177,14 @@ export const access = {
   /** `body`: one of `{key_id}`, `{token}`, `{subject, issuer, claims?}`, plus `server_id` and `tool`. */
   explain: (body) => api('POST', 'access/explain', { body }),
 };
+
+/**
+ * `GET usage` (issue #25): tool calls, errors, rate-limited calls and p50/p95
+ * latency per `groupBy` key (`server`, `policy`, `principal` or `tool`)
+ * between `since` and `until` (milliseconds since the epoch), per `stepS`
+ * seconds bucket when given: `{rows: [...], truncated}`. Read by admin,
+ * editor and viewer.
+ */
+export function usage({ groupBy, since, until, stepS }) {
+  return api('GET', 'usage', { query: { group_by: groupBy, since, until, step_s: stepS } });
+}

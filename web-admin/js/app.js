@@ -3,7 +3,8 @@
 // Routes (below /admin/): `` and `servers` (list), `servers/new`,
 // `servers/<id>` (edit), `servers/<id>/history`, `workers`, `import`,
 // `approvals`, `oauth` (OAuth connections, admin only; the registry's OAuth
-// callback comes back to `oauth?connected=<name>`), `access` (who may call).
+// callback comes back to `oauth?connected=<name>`), `access` (who may call),
+// `usage` (calls, errors and latency over time).
 // The approver sees the approvals page only.
 //
 // One signs in with a registry token (or an API key), kept in this tab, or
@@ -21,6 +22,7 @@ import { importPage } from './importer.js';
 import { approvalsPage } from './approvals.js';
 import { oauthPage } from './oauth.js';
 import { accessPage } from './access.js';
+import { usagePage } from './usage.js';
 
 const root = document.getElementById('app');
 
@@ -81,6 +83,8 @@ const context = {
   get isPerson() { return session.role !== 'worker'; },
   // Reads who may call and asks for explanations (reference §12.2).
   get canReadAccess() { return ['admin', 'editor', 'viewer'].includes(session.role); },
+  // Reads usage (issue #25).
+  get canReadUsage() { return ['admin', 'editor', 'viewer'].includes(session.role); },
   navigate,
   href: (path) => BASE + path,
 };
@@ -103,6 +107,7 @@ function match(path) {
   if (parts.length === 1 && parts[0] === 'import') return ['import', () => importPage(context)];
   if (parts.length === 1 && parts[0] === 'oauth') return ['oauth', () => oauthPage(context)];
   if (parts.length === 1 && parts[0] === 'access') return ['access', () => accessPage(context)];
+  if (parts.length === 1 && parts[0] === 'usage') return ['usage', () => usagePage()];
   return ['', () => ({
     el: stateBox({
       title: 'Page not found',
@@ -142,7 +147,8 @@ function shell() {
     context.isPerson ? approvals : null,
     context.canEdit ? link('import', { dataset: { section: 'import' }, testid: 'nav-import' }, 'Import & rescan') : null,
     context.isPerson ? link('oauth', { dataset: { section: 'oauth' }, testid: 'nav-oauth' }, 'OAuth') : null,
-    context.canReadAccess ? link('access', { dataset: { section: 'access' }, testid: 'nav-access' }, 'Access') : null);
+    context.canReadAccess ? link('access', { dataset: { section: 'access' }, testid: 'nav-access' }, 'Access') : null,
+    context.canReadUsage ? link('usage', { dataset: { section: 'usage' }, testid: 'nav-usage' }, 'Usage') : null);
   const roleBadge = session.insecure
     ? h('span', { class: 'role role-worker', testid: 'role-badge', dataset: { role: 'admin' }, title: 'The registry runs without credentials (loopback only)' }, 'no auth')
     : h('span', { class: `role role-${admin ? 'admin' : 'worker'}`, testid: 'role-badge', dataset: { role: session.role } },

@@ -1,5 +1,12 @@
 // The MCP servers page (R-UI-1): records joined with worker reports, search
 // and filters, refreshed every few seconds.
+//
+// At fleet scale (10,000 records and more) the page stays quick: it draws
+// one page of PAGE_SIZE rows, never every row; the search runs over
+// lowercase texts built once per record list; the status of every record is
+// joined once per report through an index by server id; and a refresh first
+// asks for the workers report, which names the head revision, fetching the
+// record list again only when that moved and redrawing only what changed.
 
 import { servers as serversApi, workers as workersApi } from './api.js';
 import { h, replace, stateBox, timeEl, badge } from './dom.js';
@@ -7,9 +14,11 @@ import { serverStatus, statusTitle, stateBadge, STATE_LABELS } from './status.js
 import { transportLabel, TRANSPORTS, sourceKind } from './record.js';
 
 const REFRESH_MS = 5000;
+/** Rows on one page: a few screens, drawn in milliseconds at any fleet size. */
+const PAGE_SIZE = 100;
 
-/** Remembered across visits in this tab. */
-const filters = { q: '', transport: '', enabled: '', status: '' };
+/** Remembered across visits in this tab (`page` counts from 0). */
+const filters = { q: '', transport: '', enabled: '', status: '', page: 0 };
 
 /** Source badge: admin / api / file (file-managed records marked). */
 export function sourceBadge(source) {
@@ -37,6 +46,16 @@ export function serversPage(ctx) {
   const updated = h('span', { class: 'updated', testid: 'refreshed' });
   const summary = h('div', { class: 'sub', testid: 'summary' }, 'Loading…');
   const body = h('div', {}, skeleton());
+  // The table and pager stay in place across redraws: only the rows of the
+  // page change, so the scroll position holds.
+  const tbody = h('tbody');
+  const table = h('div', { class: 'table-wrap' }, h('table', { testid: 'servers-table' },
+    h('thead', {}, h('tr', {},
+      h('th', {}, 'Server'), h('th', {}, 'Transport'), h('th', {}, 'Enabled'), h('th', {}, 'Status'),
+      h('th', {}, 'Last error'), h('th', { class: 'num' }, 'Tools'), h('th', { class: 'num' }, 'Rev.'),
+      h('th', {}, 'Updated'), h('th', {}, 'Source'))),
+    tbody));
+  const pager = h('nav', { class: 'pager', testid: 'pager', 'aria-label': 'Pages of servers' });
 
   const el = h('div', { testid: 'servers-page' },
     h('div', { class: 'page-head' },
@@ -49,9 +68,13 @@ export function serversPage(ctx) {
       h('button', { type: 'button', class: 'btn btn-small', testid: 'refresh', onclick: () => load(true) }, 'Refresh')),
     body);
 
-  let data = null; // {servers, workers, head}
-  let lastKey = '';
+  let list = null; // {servers, revision}: the record list
+  let report = null; // {workers, head, unavailable}: null until the first report came
+  let reportKey = null;
+  let rows = []; // [{server, st}], `st` null while no report came
+  let shown = []; // the rows the filters keep
   let timer = null;
+  let loads = 0;
   let disposed = false;
 
   const onFilter = () => {
@@ -59,36 +82,49 @@ export function serversPage(ctx) {
     filters.transport = transport.value;
     filters.enabled = enabled.value;
     filters.status = status.value;
-    draw();
+    filters.page = 0;
+    refilter();
   };
   search.addEventListener('input', onFilter);
   for (const s of [transport, enabled, status]) s.addEventListener('change', onFilter);
 
+  /** `GET workers`, never failing: a missing report only leaves the status unknown. */
+  function fetchReport() {
+    return workersApi().then(
+      (body) => ({ workers: body?.workers ?? [], head: body?.head_revision ?? null, unavailable: false }),
+      () => ({ workers: [], head: null, unavailable: true }));
+  }
+
   async function load(manual = false) {
     clearTimeout(timer);
+    // A load started later (Refresh while a periodic one runs) supersedes
+    // this one: its answers are dropped and it schedules no refresh.
+    const mine = ++loads;
+    const stale = () => disposed || mine !== loads;
+    let latest = null;
+    const reportDone = fetchReport().then((next) => { latest = next; return next; });
     try {
-      const [list, report] = await Promise.all([
-        serversApi.list(),
-        workersApi().catch(() => ({ workers: [], unavailable: true })),
-      ]);
-      if (disposed) return;
-      const next = {
-        servers: list?.servers ?? [],
-        revision: list?.revision ?? null,
-        workers: report?.workers ?? [],
-        head: report?.head_revision ?? list?.revision ?? null,
-        workersUnavailable: Boolean(report?.unavailable),
-      };
-      const key = JSON.stringify([next.servers, next.workers.map((w) => [w.worker_id, w.snapshot_revision, w.servers])]);
-      data = next;
-      updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
-      if (key !== lastKey || manual) {
-        lastKey = key;
-        draw();
+      // The list is megabytes at fleet scale: fetched again only when the
+      // head revision the report names moved (or on request).
+      let fetchList = manual || !list;
+      if (!fetchList) {
+        const next = await reportDone;
+        fetchList = next.unavailable || next.head !== list.revision;
       }
+      if (fetchList) {
+        const next = await serversApi.list();
+        if (stale()) return;
+        // The rows show as soon as the list is in; the report, when it
+        // comes later, fills their status.
+        apply({ servers: next?.servers ?? [], revision: next?.revision ?? null }, latest);
+      }
+      const next = await reportDone;
+      if (stale()) return;
+      apply(null, next);
+      updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {
-      if (disposed) return;
-      if (!data) {
+      if (stale()) return;
+      if (!list) {
         replace(body, stateBox({
           title: 'Cannot load the servers',
           text: err.message,
@@ -101,39 +137,65 @@ export function serversPage(ctx) {
         updated.textContent = `Refresh failed: ${err.message}`;
       }
     }
-    if (!disposed) timer = setTimeout(load, REFRESH_MS);
+    if (!stale()) timer = setTimeout(load, REFRESH_MS);
   }
 
-  function matches(server, st) {
-    const q = filters.q.trim().toLowerCase();
-    if (q) {
-      const hay = [
-        server.server_id, server.display_name, server.transport, server.stdio?.command, ...(server.stdio?.args ?? []),
-        server.http?.url, server.source, server.updated_by,
-        ...Object.entries(server.labels ?? {}).flat(),
-      ].filter(Boolean).join(' ').toLowerCase();
-      if (!hay.includes(q)) return false;
+  /** Takes a new list and/or report (null: none); redraws only when either changed. */
+  function apply(nextList, nextReport) {
+    let changed = false;
+    if (nextList && nextList.revision !== list?.revision) {
+      list = nextList;
+      changed = true;
+      // The search texts are built while the page idles, not on the first keystroke.
+      const servers = list.servers;
+      requestIdleCallback(() => { for (const server of servers) searchText(server); });
     }
+    if (nextReport) {
+      const key = JSON.stringify([nextReport.unavailable, nextReport.head,
+        nextReport.workers.map((w) => [w.worker_id, w.snapshot_revision, w.servers])]);
+      if (key !== reportKey) {
+        reportKey = key;
+        report = nextReport;
+        changed = true;
+      }
+    }
+    if (!changed || !list) return;
+    const statusOf = report ? statusIndex(report.workers) : null;
+    rows = list.servers.map((server) => ({ server, st: statusOf?.(server) ?? null }));
+    drawSummary();
+    refilter();
+  }
+
+  function drawSummary() {
+    const counts = {};
+    for (const { st } of rows) if (st) counts[st.state] = (counts[st.state] ?? 0) + 1;
+    const head = report?.head ?? list.revision;
+    const workerCount = report?.workers.length ?? 0;
+    replace(summary,
+      `${count(rows.length)} server${rows.length === 1 ? '' : 's'}`,
+      head != null ? ` · head revision ${head}` : '',
+      report ? ` · ${workerCount} worker${workerCount === 1 ? '' : 's'} reporting` : '',
+      counts.down ? ` · ${count(counts.down)} down` : '',
+      counts.degraded ? ` · ${count(counts.degraded)} degraded` : '');
+  }
+
+  function matches({ server, st }, q) {
+    if (q && !searchText(server).includes(q)) return false;
     if (filters.transport && server.transport !== filters.transport) return false;
     if (filters.enabled && String(server.enabled !== false) !== filters.enabled) return false;
-    if (filters.status && st.state !== filters.status) return false;
+    if (filters.status && st?.state !== filters.status) return false;
     return true;
   }
 
+  function refilter() {
+    if (!list) return;
+    const q = filters.q.trim().toLowerCase();
+    const filtered = q || filters.transport || filters.enabled || filters.status;
+    shown = filtered ? rows.filter((r) => matches(r, q)) : rows;
+    draw();
+  }
+
   function draw() {
-    if (!data) return;
-    const rows = data.servers.map((server) => ({
-      server,
-      st: serverStatus(server.server_id, data.workers, { enabled: server.enabled !== false }),
-    }));
-    const counts = {};
-    for (const { st } of rows) counts[st.state] = (counts[st.state] ?? 0) + 1;
-    replace(summary,
-      `${rows.length} server${rows.length === 1 ? '' : 's'}`,
-      data.head != null ? ` · head revision ${data.head}` : '',
-      ` · ${data.workers.length} worker${data.workers.length === 1 ? '' : 's'} reporting`,
-      counts.down ? ` · ${counts.down} down` : '',
-      counts.degraded ? ` · ${counts.degraded} degraded` : '');
     if (!rows.length) {
       replace(body, stateBox({
         title: 'No MCP servers yet',
@@ -145,11 +207,10 @@ export function serversPage(ctx) {
       }));
       return;
     }
-    const shown = rows.filter(({ server, st }) => matches(server, st));
     if (!shown.length) {
       replace(body, stateBox({
         title: 'No server matches the filters',
-        text: `${rows.length} server${rows.length === 1 ? ' is' : 's are'} hidden by the search and filters.`,
+        text: `${count(rows.length)} server${rows.length === 1 ? ' is' : 's are'} hidden by the search and filters.`,
         testid: 'no-match',
         actions: [h('button', {
           type: 'button', class: 'btn', testid: 'clear-filters',
@@ -164,12 +225,38 @@ export function serversPage(ctx) {
       }));
       return;
     }
-    replace(body, h('div', { class: 'table-wrap' }, h('table', { testid: 'servers-table' },
-      h('thead', {}, h('tr', {},
-        h('th', {}, 'Server'), h('th', {}, 'Transport'), h('th', {}, 'Enabled'), h('th', {}, 'Status'),
-        h('th', {}, 'Last error'), h('th', { class: 'num' }, 'Tools'), h('th', { class: 'num' }, 'Rev.'),
-        h('th', {}, 'Updated'), h('th', {}, 'Source'))),
-      h('tbody', {}, shown.map(({ server, st }) => row(server, st))))));
+    const pages = Math.ceil(shown.length / PAGE_SIZE);
+    filters.page = Math.min(filters.page, pages - 1);
+    const from = filters.page * PAGE_SIZE;
+    const to = Math.min(from + PAGE_SIZE, shown.length);
+    replace(tbody, shown.slice(from, to).map(({ server, st }) => row(server, st)));
+    drawPager(from, to, pages);
+    if (body.firstChild !== table) replace(body, table, pager);
+  }
+
+  function drawPager(from, to, pages) {
+    pager.hidden = pages <= 1;
+    if (pager.hidden) return;
+    const go = (page) => {
+      filters.page = page;
+      draw();
+      // The pager sits below the table: the new page is read from its top.
+      window.scrollTo(0, 0);
+    };
+    const last = pages - 1;
+    const button = (label, page, testid, title) => h('button', {
+      type: 'button', class: 'btn btn-small', testid, title, disabled: page === filters.page || page < 0 || page > last,
+      onclick: () => go(page),
+    }, label);
+    const filtered = shown.length !== rows.length;
+    replace(pager,
+      button('«', 0, 'page-first', 'First page'),
+      button('‹ Previous', filters.page - 1, 'page-prev'),
+      h('span', { class: 'pager-info', testid: 'page-info' },
+        `${count(from + 1)}–${count(to)} of ${count(shown.length)}${filtered ? ' matching' : ''}`,
+        h('span', { class: 'muted' }, ` · page ${count(filters.page + 1)} of ${count(pages)}`)),
+      button('Next ›', filters.page + 1, 'page-next'),
+      button('»', last, 'page-last', 'Last page'));
   }
 
   function row(server, st) {
@@ -183,10 +270,12 @@ export function serversPage(ctx) {
       server.display_name ? h('div', { class: 'secondary', testid: 'display-name' }, server.display_name) : null),
     h('td', { class: 'nowrap' }, transportLabel(server.transport)),
     h('td', { testid: 'enabled' }, server.enabled === false ? badge('Disabled', '', { dataset: { enabled: 'false' } }) : badge('Enabled', 'ok', { dataset: { enabled: 'true' } })),
-    h('td', { title: statusTitle(st) }, stateBadge(st.state, { title: statusTitle(st) }),
-      st.perWorker.length > 1 ? h('div', { class: 'secondary small' }, `${st.perWorker.length} workers`) : null),
-    h('td', { class: 'err', testid: 'last-error' }, st.lastError ?? h('span', { class: 'muted' }, '—')),
-    h('td', { class: 'num', testid: 'tool-count' }, st.toolCount ?? h('span', { class: 'muted' }, '—')),
+    st
+      ? h('td', { title: statusTitle(st) }, stateBadge(st.state, { title: statusTitle(st) }),
+        st.perWorker.length > 1 ? h('div', { class: 'secondary small' }, `${st.perWorker.length} workers`) : null)
+      : h('td', { class: 'muted', title: 'Waiting for the workers report' }, '…'),
+    h('td', { class: 'err', testid: 'last-error' }, st?.lastError ?? h('span', { class: 'muted' }, '—')),
+    h('td', { class: 'num', testid: 'tool-count' }, st?.toolCount ?? h('span', { class: 'muted' }, '—')),
     h('td', { class: 'num mono', testid: 'revision' }, server.revision),
     h('td', { class: 'nowrap' }, timeEl(server.updated_at), h('div', { class: 'secondary' }, `by ${server.updated_by ?? '?'}`)),
     h('td', {}, sourceBadge(server.source)));
@@ -200,6 +289,49 @@ export function serversPage(ctx) {
       clearTimeout(timer);
     },
   };
+}
+
+/** `10,000`. */
+function count(n) {
+  return n.toLocaleString('en');
+}
+
+/** The lowercase text the search looks in, built once per record object (a list fetched again makes new ones). */
+const searchTexts = new WeakMap();
+function searchText(server) {
+  let text = searchTexts.get(server);
+  if (text === undefined) {
+    text = [
+      server.server_id, server.display_name, server.transport, server.stdio?.command, ...(server.stdio?.args ?? []),
+      server.http?.url, server.source, server.updated_by,
+      ...Object.entries(server.labels ?? {}).flat(),
+    ].filter(Boolean).join(' ').toLowerCase();
+    searchTexts.set(server, text);
+  }
+  return text;
+}
+
+/**
+ * `server → serverStatus(…)` over `workers` in time linear in the records
+ * and reports: each record is judged against the reports that name it (one
+ * health entry each), or, when none does, against every worker with no
+ * entry, which is what `serverStatus` would find by scanning each report.
+ */
+function statusIndex(workers) {
+  const bare = workers.map((w) => ({ worker_id: w.worker_id, reported_at: w.reported_at, servers: [] }));
+  const named = new Map();
+  for (const worker of workers) {
+    const seen = new Set();
+    for (const health of worker.servers ?? []) {
+      // `serverStatus` takes a report's first entry for a server.
+      if (seen.has(health.server_id)) continue;
+      seen.add(health.server_id);
+      let reports = named.get(health.server_id);
+      if (!reports) named.set(health.server_id, reports = []);
+      reports.push({ worker_id: worker.worker_id, reported_at: worker.reported_at, servers: [health] });
+    }
+  }
+  return (server) => serverStatus(server.server_id, named.get(server.server_id) ?? bare, { enabled: server.enabled !== false });
 }
 
 function skeleton() {

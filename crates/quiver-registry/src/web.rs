@@ -59,7 +59,12 @@ const ASSETS: &[Asset] = &[
     asset!("js/record.js"),
     asset!("js/servers.js"),
     asset!("js/status.js"),
+    asset!("js/usage.js"),
     asset!("js/workers.js"),
+    asset!("vendor/uplot/LICENSE.txt"),
+    asset!("vendor/uplot/README.md"),
+    asset!("vendor/uplot/uPlot.iife.min.js"),
+    asset!("vendor/uplot/uPlot.min.css"),
 ];
 
 /// The page every client-side route is served.
@@ -80,6 +85,7 @@ fn content_type(path: &str) -> Option<&'static str> {
         "png" => "image/png",
         "json" => "application/json",
         "txt" => "text/plain; charset=utf-8",
+        "md" => "text/markdown; charset=utf-8",
         _ => return None,
     })
 }
