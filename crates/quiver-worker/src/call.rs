@@ -656,7 +656,10 @@ impl ToolRunner {
             server_id: tool.server_id(),
             tool: tool.tool_name(),
         };
-        let _admission = self.admit(task, context, subject).await?;
+        // Boxed: the lease it may ask the registry for is a large future,
+        // and every surface's call path (the gateway's deepest) holds this
+        // one's state on its stack otherwise.
+        let _admission = Box::pin(self.admit(task, context, subject)).await?;
         let logged_arguments = self.audit.arguments(&arguments);
         let mut options = context.relay.clone();
         let mut asked_rounds = 0;
