@@ -970,6 +970,43 @@ impl Admin {
     }
 }
 
+/// One stateless MCP 2026-07-28 request `method` (with `params`, `name`
+/// for the `Mcp-Name` header) to the endpoint `url` with `token`: the
+/// JSON-RPC message answered (the first of an SSE stream).
+pub async fn mcp_2026(
+    url: &str,
+    token: &str,
+    method: &str,
+    name: Option<&str>,
+    mut params: serde_json::Value,
+) -> serde_json::Value {
+    params["_meta"] = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = name {
+        request = request.header("mcp-name", name);
+    }
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let response = request
+        .json(&body)
+        .send()
+        .await
+        .unwrap_or_else(|err| panic!("POST {url} {method}: {err}"));
+    let text = response.text().await.expect("body");
+    let message = text
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .unwrap_or(&text);
+    serde_json::from_str(message.trim()).unwrap_or_else(|err| panic!("{text:?}: {err}"))
+}
+
 /// The admin token of the e2e registries.
 pub const ADMIN: &str = "e2e-admin-token";
 /// The worker token of the e2e registries.

@@ -40,6 +40,7 @@ mod replicas;
 mod repo_rules;
 mod resource_uris;
 mod security;
+mod server_json;
 mod sessions;
 mod tls;
 mod tool_search;

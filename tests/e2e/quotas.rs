@@ -18,7 +18,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::harness::{
-    ADMIN, Admin, RegistryProcess, WORKER, WorkerProcess, eventually, injected, registry,
+    ADMIN, Admin, RegistryProcess, WORKER, WorkerProcess, eventually, injected, mcp_2026, registry,
     stdio_record,
 };
 
@@ -99,36 +99,6 @@ impl Fleet {
             worker.synced(revision, Duration::from_secs(20)).await;
         }
     }
-}
-
-/// The 2026-07-28 gateway's answer to a `tools/call` of `echo` at
-/// `/mcp/alpha` (stateless, JSON answer).
-async fn gateway_echo(worker: &WorkerProcess, key: &str) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "echo",
-        "arguments": {"text": "hi"},
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-        },
-    }});
-    let response = reqwest::Client::new()
-        .post(format!("{}/mcp/alpha", worker.url()))
-        .bearer_auth(key)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "echo")
-        .json(&body)
-        .send()
-        .await
-        .expect("POST /mcp/alpha");
-    let text = response.text().await.expect("body");
-    let message = text
-        .lines()
-        .find_map(|line| line.strip_prefix("data:"))
-        .unwrap_or(&text);
-    serde_json::from_str(message.trim()).unwrap_or_else(|err| panic!("{text:?}: {err}"))
 }
 
 fn row<'a>(rows: &'a Value, field: &str, value: &str) -> &'a Value {
@@ -266,7 +236,14 @@ async fn a_rate_limit_holds_across_two_workers_and_a_registry_restart() {
 
     // The gateway answers a tool error; another tool and another
     // principal are unaffected.
-    let answer = gateway_echo(&fleet.workers[0], &alice).await;
+    let answer = mcp_2026(
+        &format!("{}/mcp/alpha", fleet.workers[0].url()),
+        &alice,
+        "tools/call",
+        Some("echo"),
+        json!({"name": "echo", "arguments": {"text": "hi"}}),
+    )
+    .await;
     assert_eq!(answer["result"]["isError"], true, "{answer}");
     assert!(answer.to_string().contains("mcp_rate_limited"), "{answer}");
     let (status, _, body) = fleet.call(1, &alice, "add", json!({"a": 1, "b": 2})).await;

@@ -1,6 +1,7 @@
-// Import a TOML/JSON file of records, and rescan mcp.d (R-UI-2, docs/reference.md §5).
+// Import a TOML/JSON file of records or an official MCP Registry server.json
+// (dry run first, then import; docs/reference.md §5.4), and rescan mcp.d (R-UI-2, §5).
 
-import { servers as serversApi } from './api.js';
+import { api, servers as serversApi } from './api.js';
 import { h, replace, stateBox, badge } from './dom.js';
 
 const EXAMPLE = `# One record, or several as [[servers]]
@@ -62,6 +63,10 @@ export function importPage(ctx) {
       replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' }, 'Choose a file or paste records first.'));
       return;
     }
+    if (isServerJson(content)) {
+      await serverJsonDryRun(content);
+      return;
+    }
     importButton.disabled = true;
     importButton.textContent = 'Importing…';
     try {
@@ -82,6 +87,72 @@ export function importPage(ctx) {
       importButton.disabled = false;
       importButton.textContent = 'Import';
     }
+  }
+
+  // A server.json has a `$schema` naming server.schema.json, or the shape
+  // of one: a `name` with a '/' and remotes or packages, no server_id.
+  function isServerJson(content) {
+    let doc;
+    try { doc = JSON.parse(content); } catch { return false; }
+    if (!doc || typeof doc !== 'object' || Array.isArray(doc)) return false;
+    if (typeof doc.$schema === 'string' && doc.$schema.includes('server.schema.json')) return true;
+    return doc.server_id === undefined && typeof doc.name === 'string' && doc.name.includes('/')
+      && (Array.isArray(doc.remotes) || Array.isArray(doc.packages));
+  }
+
+  const allowedTools = h('input', { type: 'text', testid: 'server-json-allowed-tools', placeholder: 'allowed_tools, e.g. read_*,list_* (empty: none)' });
+
+  function serverJsonRequest(content, dryRun) {
+    return api('POST', 'import/server-json', {
+      query: { dry_run: dryRun ? 'true' : 'false', allowed_tools: allowedTools.value.trim() || undefined },
+      text: content,
+      contentType: 'application/json',
+    });
+  }
+
+  function serverJsonError(err) {
+    if (err.status === 401) return;
+    replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' },
+      h('div', { class: 'grow' }, h('b', {}, 'Nothing was imported from the server.json: '),
+        err.field ? h('code', {}, err.field) : null, err.field ? ' ' : null, err.message)));
+  }
+
+  // The dry run's record and inputs to fill, with a button that imports.
+  async function serverJsonDryRun(content) {
+    let result;
+    try {
+      result = await serverJsonRequest(content, true);
+    } catch (err) {
+      serverJsonError(err);
+      return;
+    }
+    const confirm = h('button', { type: 'button', class: 'btn btn-primary', testid: 'server-json-import' }, 'Import this record');
+    const outcome = h('div', { testid: 'server-json-outcome' });
+    confirm.addEventListener('click', async () => {
+      confirm.disabled = true;
+      try {
+        const stored = await serverJsonRequest(content, false);
+        replace(outcome, h('div', { class: 'banner', testid: 'server-json-stored' },
+          Object.entries(stored.revisions ?? {}).map(([id, revision]) => h('span', {},
+            ctx.link(`servers/${encodeURIComponent(id)}`, { class: 'mono' }, id), ` ${stored.outcomes?.[id] ?? 'stored'} at revision ${revision}`))));
+      } catch (err) {
+        confirm.disabled = false;
+        serverJsonError(err);
+      }
+    });
+    const inputs = result.inputs ?? [];
+    replace(importResult, h('div', { testid: 'server-json-result' },
+      h('p', {}, `server.json: dry run of ${result.choice} (nothing stored yet)`),
+      h('label', {}, 'Allowed tools ', allowedTools),
+      h('pre', { class: 'mono', testid: 'server-json-records' }, JSON.stringify(result.records, null, 2)),
+      inputs.length ? h('div', { class: 'table-wrap' }, h('table', {},
+        h('thead', {}, h('tr', {}, h('th', {}, 'Input to fill'), h('th', {}, 'Name'), h('th', {}, 'How'), h('th', {}, 'Description'))),
+        h('tbody', {}, inputs.map((input) => h('tr', { testid: 'server-json-input', dataset: { field: input.field } },
+          h('td', { class: 'mono' }, input.field),
+          h('td', {}, input.name, input.required ? ' (required)' : '', input.secret ? ' (secret)' : ''),
+          h('td', { class: 'small' }, input.env ? `set ${input.env} on the workers` : 'edit the record'),
+          h('td', { class: 'small muted' }, input.description ?? '—')))))) : null,
+      h('div', {}, confirm), outcome));
   }
 
   function importSummary(result) {

@@ -16,6 +16,7 @@ pub mod policy;
 pub mod rate_limit;
 mod record;
 pub mod resource_uri;
+pub mod server_json;
 mod stored;
 pub mod token;
 pub mod tool_search;

@@ -97,21 +97,26 @@ fn admin_delete(kind: AccessKind) -> MethodRouter<RegistryState> {
 /// it is a live key with roles. A key holding several roles acts with the
 /// most powerful: admin, then editor, approver, viewer.
 pub(crate) fn key_role(head: &HeadView, token: &str) -> Option<(AuthRole, String)> {
+    let key = live_key(head, token)?;
+    let role = crate::signin::strongest(&key.roles)?;
+    Some((role, format!("key:{}", key.id)))
+}
+
+/// The API key whose secret `token` is, if it has not expired, whatever
+/// its roles.
+pub(crate) fn live_key<'a>(head: &'a HeadView, token: &str) -> Option<&'a ApiKeyRecord> {
     if !token.starts_with(KEY_PREFIX) {
         return None;
     }
     let digest = TokenDigest::of(token).hex();
     let now = Utc::now();
-    let key = head
-        .access_of(AccessKind::ApiKey)
+    head.access_of(AccessKind::ApiKey)
         .find_map(|record| match &record.spec {
             AccessSpec::ApiKey(key) if key.key_sha256 == digest && !key.expired_at(now) => {
                 Some(key)
             }
             _ => None,
-        })?;
-    let role = crate::signin::strongest(&key.roles)?;
-    Some((role, format!("key:{}", key.id)))
+        })
 }
 
 /// A record as reads show it: its content (a key without its hash) and

@@ -6,6 +6,7 @@
 pub mod access;
 pub mod approvals;
 pub mod auth;
+pub mod catalog;
 pub mod error;
 pub mod explain;
 pub mod feed;
@@ -16,6 +17,7 @@ pub mod policies_dir;
 pub mod preview;
 pub mod rest;
 mod server;
+pub mod server_json_import;
 pub mod sessions;
 pub mod signin;
 pub mod state;
@@ -24,6 +26,6 @@ pub mod web;
 pub mod workers;
 
 pub use server::{
-    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
-    RegistryOptions, ServeError, http_router,
+    ApprovalOptions, CatalogOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions,
+    Registry, RegistryOptions, ServeError, http_router,
 };

@@ -82,6 +82,7 @@ pub fn router() -> Router<RegistryState> {
         .merge(crate::access::router())
         .merge(crate::oauth::rest::router())
         .merge(crate::usage::router())
+        .merge(crate::server_json_import::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(json_refusals))

@@ -87,6 +87,30 @@ pub struct RegistryOptions {
     pub oauth: OAuthOptions,
     /// How long usage rows are kept (docs/reference.md §12.3).
     pub usage_retention: Duration,
+    /// The fleet as an MCP sub-registry (`/v0.1/servers`).
+    pub catalog: CatalogOptions,
+}
+
+/// The fleet as an MCP sub-registry (docs/reference.md §13.8).
+#[derive(Debug, Clone)]
+pub struct CatalogOptions {
+    /// The reverse-DNS namespace of entry names (`<namespace>/<server_id>`).
+    pub namespace: String,
+    /// The workers' public URL the entries' remotes point under
+    /// (`{worker_url}/mcp/{server_id}`); `None`: the catalog answers 503.
+    pub worker_url: Option<String>,
+    /// Serve the catalog without credentials.
+    pub anonymous: bool,
+}
+
+impl Default for CatalogOptions {
+    fn default() -> Self {
+        CatalogOptions {
+            namespace: crate::catalog::DEFAULT_NAMESPACE.to_owned(),
+            worker_url: None,
+            anonymous: false,
+        }
+    }
 }
 
 /// OAuth settings of the registry (docs/reference.md §13.6).
@@ -162,6 +186,7 @@ impl Default for RegistryOptions {
             approvals: ApprovalOptions::default(),
             oauth: OAuthOptions::default(),
             usage_retention: crate::usage::DEFAULT_USAGE_RETENTION,
+            catalog: CatalogOptions::default(),
         }
     }
 }
@@ -213,6 +238,7 @@ impl Registry {
         options: RegistryOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, ServeError> {
+        crate::catalog::Catalog::new(&options.catalog)?;
         // First: raises the descriptor limit the cap is derived from.
         let connections = Connections::new(options.listener.clone());
         let grpc_listener = bind(options.grpc_listen).await?;
@@ -363,10 +389,12 @@ impl Registry {
                     .merge(grpc_routes.into_axum_router()),
                 shutdown.clone(),
             );
+        let catalog = crate::catalog::router(state.clone(), &options.catalog)?
+            .layer(tower_http::trace::TraceLayer::new_for_http());
         let http = Listener::new("registry_http", http_listener, &connections)
             .with_tls(tls)
             .serve(
-                http_router(state, options.metrics.clone()),
+                http_router(state, options.metrics.clone()).merge(catalog),
                 shutdown.clone(),
             );
 

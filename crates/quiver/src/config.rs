@@ -54,6 +54,9 @@ pub struct RegistryFile {
     /// Egress allowlist of tool previews.
     #[serde(default)]
     pub egress: EgressSection,
+    /// The fleet as an MCP sub-registry (`/v0.1/servers`).
+    #[serde(default)]
+    pub catalog: CatalogSection,
     /// `mcp.d` and `policies.d` settings.
     #[serde(default)]
     pub mcp: McpSection,
@@ -66,6 +69,18 @@ pub struct RegistryFile {
     /// Logging settings.
     #[serde(default)]
     pub log: LogSection,
+}
+
+/// `[catalog]` of the registry config: the fleet as an MCP sub-registry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogSection {
+    /// Reverse-DNS namespace of the entry names.
+    pub namespace: Option<String>,
+    /// The workers' public URL the entries' remotes point under.
+    pub worker_url: Option<String>,
+    /// Serve the catalog without credentials.
+    pub anonymous: Option<bool>,
 }
 
 /// `config/worker.toml`.

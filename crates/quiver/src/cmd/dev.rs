@@ -14,7 +14,9 @@ use quiver_mcp::PoolOptions;
 use quiver_model::Strictness;
 use quiver_registry::auth::AuthConfig;
 use quiver_registry::state::{BootstrapDir, PreviewEnv};
-use quiver_registry::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions};
+use quiver_registry::{
+    CatalogOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, Registry, RegistryOptions,
+};
 use quiver_sync::SyncOptions;
 use quiver_worker::auth::CallersConfig;
 use quiver_worker::{DEFAULT_HTTP_LISTEN as DEFAULT_WORKER_HTTP_LISTEN, Worker, WorkerOptions};
@@ -119,6 +121,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             metrics: Some(metrics.clone()),
             preview_env: PreviewEnv(env_with_own_dir_on_path()),
             oauth: dev_oauth()?,
+            catalog: CatalogOptions {
+                worker_url: dev_worker_url(args.worker_http_listen),
+                ..CatalogOptions::default()
+            },
             ..Default::default()
         },
         shutdown.clone(),
@@ -175,6 +181,20 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     worker?;
     tracing::info!("quiver dev stopped");
     Ok(())
+}
+
+/// Where the catalog's entries point (`/v0.1/servers`): this process's
+/// worker. The registry starts first, so a port picked by the system (0) is
+/// not known yet: then the catalog has no worker URL (it answers 503).
+fn dev_worker_url(listen: std::net::SocketAddr) -> Option<String> {
+    if listen.port() == 0 {
+        return None;
+    }
+    let mut reachable = listen;
+    if listen.ip().is_unspecified() {
+        reachable.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    Some(format!("http://{reachable}"))
 }
 
 /// The dev registry's OAuth keys: `QUIVER_OAUTH_KEYS` when set, else a key

@@ -12,8 +12,8 @@ use quiver_registry::feed::FeedOptions;
 use quiver_registry::oauth::seal::Keyring;
 use quiver_registry::state::BootstrapDir;
 use quiver_registry::{
-    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
-    RegistryOptions,
+    ApprovalOptions, CatalogOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions,
+    Registry, RegistryOptions,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -123,6 +123,19 @@ pub struct RegistryArgs {
     /// (default: the HTTP listener's address).
     #[arg(long, env = "QUIVER_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Reverse-DNS namespace of the `/v0.1/servers` entry names
+    /// (`<namespace>/<server_id>`).
+    #[arg(long, env = "QUIVER_CATALOG_NAMESPACE",
+        help = format!("Reverse-DNS namespace of the /v0.1/servers entry names, <namespace>/<server_id> [default: {}]",
+            quiver_registry::catalog::DEFAULT_NAMESPACE))]
+    pub catalog_namespace: Option<String>,
+    /// The workers' public URL: `/v0.1/servers` entries point at
+    /// `{URL}/mcp/{server_id}` (without it the catalog answers 503).
+    #[arg(long, env = "QUIVER_CATALOG_WORKER_URL")]
+    pub catalog_worker_url: Option<String>,
+    /// Serve `/v0.1/servers` without credentials.
+    #[arg(long, env = "QUIVER_CATALOG_ANONYMOUS")]
+    pub catalog_anonymous: bool,
     /// Serve without credentials; only allowed on loopback listeners.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -289,6 +302,14 @@ pub fn settings(args: RegistryArgs) -> anyhow::Result<RegistrySettings> {
                 .transpose()
                 .context("--oauth-keys / --oauth-key-file")?,
             public_url: args.public_url.or(file.public_url),
+        },
+        catalog: CatalogOptions {
+            namespace: args
+                .catalog_namespace
+                .or(file.catalog.namespace)
+                .unwrap_or(defaults.catalog.namespace),
+            worker_url: args.catalog_worker_url.or(file.catalog.worker_url),
+            anonymous: args.catalog_anonymous || file.catalog.anonymous.unwrap_or(false),
         },
         ..defaults
     };

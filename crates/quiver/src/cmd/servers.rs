@@ -9,6 +9,8 @@ use quiver_proto::credentials::{Credentials, RegistryClient};
 use quiver_proto::v1 as pb;
 use tonic::transport::Channel;
 
+mod import;
+
 /// Connection flags shared by every `servers` subcommand.
 #[derive(Args, Debug)]
 pub struct ServersArgs {
@@ -93,6 +95,10 @@ pub enum ServersCommand {
         #[arg(long, short, value_enum, default_value = "text")]
         output: Output,
     },
+    /// Import a server.json of the official MCP Registry format, or the
+    /// matches of an MCP registry's `/v0.1/servers`, through the registry's
+    /// REST API (`--admin-url`).
+    Import(import::ImportArgs),
     /// Print change events as they happen.
     Watch {
         /// Replay changes after this revision first (default: start at head).
@@ -132,8 +138,13 @@ fn status(err: tonic::Status) -> anyhow::Error {
 
 /// Runs `quiver servers …`.
 pub async fn run(args: ServersArgs) -> anyhow::Result<()> {
+    if let ServersCommand::Import(import) = args.command {
+        // Over REST (the mapping lives in the registry's HTTP API), no gRPC.
+        return import::run(import, args.token.as_deref(), args.actor.as_deref()).await;
+    }
     let mut client = connect(&args).await?;
     match args.command {
+        ServersCommand::Import(_) => unreachable!("handled above"),
         ServersCommand::List { output } => {
             let response = client
                 .list_mcp_servers(pb::ListMcpServersRequest {})
