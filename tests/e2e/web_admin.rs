@@ -6,7 +6,8 @@
 //! This test owns the processes and checks how the registry serves the
 //! embedded files; the script drives the pages (sign-in, create with tool
 //! preview, edit, validation errors, edit conflicts, history and rollback,
-//! worker status, import and rescan, delete, read-only view) and saves
+//! worker status, import and rescan, a server.json imported after its dry
+//! run and one refused naming its field, delete, read-only view) and saves
 //! screenshots under `target/web-admin-screenshots/admin/`.
 //!
 //! A second test (`tests/web/signin.spec.mjs`) signs people in with the
@@ -385,6 +386,8 @@ async fn web_admin_in_chromium() {
         "02-servers",
         "03-create-with-preview",
         "07-workers",
+        "12-server-json-dry-run",
+        "13-server-json-error",
     ] {
         assert!(
             screenshots.join(format!("{name}.png")).is_file(),

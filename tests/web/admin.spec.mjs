@@ -452,6 +452,91 @@ async function scenarios({ step, shot }) {
     await page.locator(tid('file-banner')).waitFor();
   });
 
+  await step('import a server.json: a dry run with the inputs to fill, then the record; a bad one names its field', async () => {
+    // The official example's shape, named for this test, its URL template
+    // filled with a loopback port nothing listens on: only the record is
+    // checked, no tool call.
+    const example = JSON.parse(fs.readFileSync(new URL('../data/server-json/examples/valid/with-remote.json', import.meta.url), 'utf8'));
+    const remoteUrl = 'http://127.0.0.1:9/mcp';
+    const doc = {
+      ...example,
+      name: 'io.github.quiver-e2e/web-remote',
+      title: 'Web Remote',
+      remotes: [{ ...example.remotes[0], url: 'http://{host}/mcp', variables: { host: { description: 'API host', default: '127.0.0.1:9' } } }],
+    };
+    assert.deepEqual(doc.remotes[0].headers, [{ name: 'Authorization', isSecret: true, isRequired: true }], 'the example\'s secret header');
+    const remoteId = 'web-remote'; // the name's last segment
+    await page.click(tid('nav-import'));
+    await page.fill(tid('import-text'), JSON.stringify(doc, null, 2));
+    await page.click(tid('import-submit'));
+
+    const records = page.locator(tid('server-json-records'));
+    await expectText(records, `"server_id": "${remoteId}"`);
+    const [dry] = JSON.parse(await records.textContent());
+    assert.equal(dry.transport, 'streamable_http');
+    assert.equal(dry.display_name, 'Web Remote');
+    assert.equal(dry.http.url, remoteUrl);
+    assert.deepEqual(dry.http.headers, { Authorization: '${ENV:AUTHORIZATION}' });
+    assert.deepEqual(dry.allowed_tools ?? [], [], 'default deny until allowed tools are given');
+    // The secret header is the one input to fill: from the workers' environment.
+    await expectCount(page.locator(tid('server-json-input')), 1);
+    const input = page.locator(`${tid('server-json-input')}[data-field="remotes[0].headers[0]"]`);
+    assert.equal(await input.getAttribute('data-env'), 'AUTHORIZATION');
+    await expectText(input, 'Authorization (required) (secret)');
+    await expectText(input, 'set AUTHORIZATION on the workers');
+    assert.equal((await rest('GET', `mcp/servers/${remoteId}`)).status, 404, 'a dry run stores nothing');
+
+    // Allowed tools run the dry run again.
+    await page.fill(tid('server-json-allowed-tools'), 'echo, add*');
+    await page.press(tid('server-json-allowed-tools'), 'Tab');
+    const withTools = await until('the dry run with the allowed tools', async () => {
+      const [record] = JSON.parse(await records.textContent({ timeout: 500 }));
+      return record.allowed_tools?.length ? record : null;
+    });
+    assert.deepEqual(withTools.allowed_tools, ['echo', 'add*']);
+    await shot('12-server-json-dry-run');
+
+    await page.click(tid('server-json-import'));
+    const storedRow = page.locator(`${tid('server-json-stored-record')}[data-server-id="${remoteId}"]`);
+    await storedRow.waitFor();
+    assert.equal(await storedRow.getAttribute('data-outcome'), 'created');
+    const record = await stored(remoteId);
+    assert.equal(await storedRow.getAttribute('data-revision'), String(record.revision));
+    assert.equal(record.source, 'admin');
+    assert.deepEqual(content(record), withTools, 'the record stored is the one the dry run showed');
+
+    await storedRow.locator('a').click();
+    await page.locator(tid('server-form')).waitFor();
+    assert.equal(await page.inputValue(tid('input-transport')), 'streamable_http');
+    assert.equal(await page.inputValue(tid('input-http.url')), remoteUrl);
+    assert.equal(await valueOf('http.headers', 'Authorization').inputValue(), '${ENV:AUTHORIZATION}', 'a reference, not a secret');
+    await page.click(tid('nav-servers'));
+    const row = page.locator(`${tid('server-row')}[data-server-id="${remoteId}"]`);
+    await row.waitFor();
+    await expectText(row.locator(tid('display-name')), 'Web Remote');
+    await expectText(row, 'Streamable HTTP');
+    assert.equal(await row.locator(tid('source-badge')).getAttribute('data-source'), 'admin');
+
+    // A URL variable without value or default cannot be filled: refused,
+    // naming the server.json's field, nothing stored.
+    const head = (await rest('GET', 'workers')).json.head_revision;
+    const bad = {
+      ...doc,
+      name: 'io.github.quiver-e2e/web-remote-bad',
+      remotes: [{ ...doc.remotes[0], variables: { host: { description: 'API host' } } }],
+    };
+    await page.click(tid('nav-import'));
+    await page.fill(tid('import-text'), JSON.stringify(bad, null, 2));
+    await page.click(tid('import-submit'));
+    const error = page.locator(tid('import-error'));
+    await expectText(error, 'remotes[0].variables.host');
+    assert.equal(await error.getAttribute('data-field'), 'remotes[0].variables.host');
+    assert.equal(await page.locator(tid('server-json-import')).count(), 0, 'nothing to import');
+    assert.equal((await rest('GET', 'mcp/servers/web-remote-bad')).status, 404);
+    assert.equal((await rest('GET', 'workers')).json.head_revision, head, 'no write');
+    await shot('13-server-json-error');
+  });
+
   await step('approvals: pending ones with masked arguments; approve with a note, deny; history', async () => {
     await page.click(tid('nav-approvals'));
     await page.locator(tid('approvals-page')).waitFor();

@@ -32,7 +32,7 @@ export function importPage(ctx) {
     h('option', { value: '' }, 'Format: detect'), h('option', { value: 'toml' }, 'TOML'), h('option', { value: 'json' }, 'JSON'));
   const strict = h('input', { type: 'checkbox', checked: true, testid: 'import-strict' });
   const importButton = h('button', { type: 'submit', class: 'btn btn-primary', testid: 'import-submit' }, 'Import');
-  const importResult = h('div', { testid: 'import-result-area' });
+  const importResult = h('div', { class: 'import-result', testid: 'import-result-area' });
   const rescanButton = h('button', { type: 'button', class: 'btn', testid: 'rescan', onclick: () => rescan() }, 'Rescan mcp.d now');
   const rescanResult = h('div', { testid: 'rescan-result-area' });
 
@@ -63,12 +63,20 @@ export function importPage(ctx) {
       replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' }, 'Choose a file or paste records first.'));
       return;
     }
-    if (isServerJson(content)) {
-      await serverJsonDryRun(content);
-      return;
-    }
+    const serverJson = isServerJson(content);
     importButton.disabled = true;
-    importButton.textContent = 'Importing…';
+    importButton.textContent = serverJson ? 'Checking…' : 'Importing…';
+    try {
+      if (serverJson) await serverJsonDryRun(content);
+      else await importRecords(content);
+    } finally {
+      importButton.disabled = false;
+      importButton.textContent = 'Import';
+    }
+  }
+
+  async function importRecords(content) {
+    shownDryRun = null;
     try {
       const fmt = format.value || null;
       const result = await serversApi.importFile(content, {
@@ -79,13 +87,8 @@ export function importPage(ctx) {
       replace(importResult, importSummary(result));
     } catch (err) {
       if (err.status !== 401) {
-        replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' },
-          h('div', { class: 'grow' }, h('b', {}, `Nothing was imported${fileName ? ` from ${fileName}` : ''}: `),
-            err.field ? h('code', {}, err.field) : null, err.field ? ' ' : null, err.message)));
+        replace(importResult, refusal(`Nothing was imported${fileName ? ` from ${fileName}` : ''}: `, err));
       }
-    } finally {
-      importButton.disabled = false;
-      importButton.textContent = 'Import';
     }
   }
 
@@ -100,7 +103,30 @@ export function importPage(ctx) {
       && (Array.isArray(doc.remotes) || Array.isArray(doc.packages));
   }
 
-  const allowedTools = h('input', { type: 'text', testid: 'server-json-allowed-tools', placeholder: 'allowed_tools, e.g. read_*,list_* (empty: none)' });
+  // One field for every server.json: a pattern list typed for one document
+  // is kept when the next one is checked.
+  const allowedTools = h('input', {
+    type: 'text', class: 'mono', testid: 'server-json-allowed-tools', spellcheck: 'false', autocomplete: 'off',
+    placeholder: 'e.g. read_*, list_* (empty: no tool allowed)',
+  });
+  // The dry run on screen: its server.json and the slot of its records,
+  // which a change of the allowed tools fills again.
+  let shownDryRun = null;
+  let reruns = 0;
+  allowedTools.addEventListener('change', async () => {
+    const shown = shownDryRun;
+    if (!shown) return;
+    const rerun = ++reruns;
+    let view;
+    try {
+      view = dryRunView(await serverJsonRequest(shown.content, true));
+    } catch (err) {
+      view = serverJsonError(err, 'The dry run failed: ');
+    }
+    // Answers may come out of order: only the latest change's is shown, and
+    // only while its document is.
+    if (rerun === reruns && shownDryRun === shown && view) replace(shown.preview, view);
+  });
 
   function serverJsonRequest(content, dryRun) {
     return api('POST', 'import/server-json', {
@@ -110,49 +136,72 @@ export function importPage(ctx) {
     });
   }
 
-  function serverJsonError(err) {
-    if (err.status === 401) return;
-    replace(importResult, h('div', { class: 'banner banner-error', testid: 'import-error' },
-      h('div', { class: 'grow' }, h('b', {}, 'Nothing was imported from the server.json: '),
-        err.field ? h('code', {}, err.field) : null, err.field ? ' ' : null, err.message)));
+  /** The banner of a refused server.json (`null` for a 401: the sign-in page takes over). */
+  function serverJsonError(err, lead = 'Nothing was imported from the server.json: ') {
+    return err.status === 401 ? null : refusal(lead, err);
   }
 
-  // The dry run's record and inputs to fill, with a button that imports.
+  /** An error banner: `lead`, the field the registry names, its message. */
+  function refusal(lead, err) {
+    // The registry's message starts with the field too: it is shown once.
+    const prefix = `${err.field}: `;
+    const message = err.field && err.message.startsWith(prefix) ? err.message.slice(prefix.length) : err.message;
+    return h('div', { class: 'banner banner-error', testid: 'import-error', dataset: { field: err.field ?? '' } },
+      h('div', { class: 'grow' }, h('b', {}, lead), err.field ? h('code', {}, err.field) : null, err.field ? ' ' : null, message));
+  }
+
+  // The dry run's record and inputs to fill, with a button that imports the
+  // same server.json (with the allowed tools typed by then).
   async function serverJsonDryRun(content) {
+    shownDryRun = null;
     let result;
     try {
       result = await serverJsonRequest(content, true);
     } catch (err) {
-      serverJsonError(err);
+      replace(importResult, serverJsonError(err));
       return;
     }
-    const confirm = h('button', { type: 'button', class: 'btn btn-primary', testid: 'server-json-import' }, 'Import this record');
+    const preview = h('div', {}, dryRunView(result));
     const outcome = h('div', { testid: 'server-json-outcome' });
+    const confirm = h('button', { type: 'button', class: 'btn btn-primary', testid: 'server-json-import' }, 'Import this record');
     confirm.addEventListener('click', async () => {
       confirm.disabled = true;
       try {
         const stored = await serverJsonRequest(content, false);
-        replace(outcome, h('div', { class: 'banner', testid: 'server-json-stored' },
-          Object.entries(stored.revisions ?? {}).map(([id, revision]) => h('span', {},
-            ctx.link(`servers/${encodeURIComponent(id)}`, { class: 'mono' }, id), ` ${stored.outcomes?.[id] ?? 'stored'} at revision ${revision}`))));
+        replace(outcome, h('div', { class: 'banner banner-ok', testid: 'server-json-stored' },
+          h('div', { class: 'grow' }, Object.entries(stored.revisions ?? {}).map(([id, revision]) => {
+            const outcomeName = stored.outcomes?.[id] ?? 'stored';
+            return h('div', { testid: 'server-json-stored-record', dataset: { serverId: id, outcome: outcomeName, revision: String(revision) } },
+              ctx.link(`servers/${encodeURIComponent(id)}`, { class: 'mono' }, id), ` ${outcomeName} at revision ${revision}`);
+          }))));
       } catch (err) {
+        replace(outcome, serverJsonError(err));
+      } finally {
         confirm.disabled = false;
-        serverJsonError(err);
       }
     });
+    replace(importResult, h('div', { testid: 'server-json-result', class: 'rows' },
+      h('p', { class: 'desc' }, `server.json: a dry run of ${result.choice}. Nothing is stored until you import it.`),
+      h('div', { class: 'field' }, h('label', {}, 'Allowed tools (comma-separated patterns)'), allowedTools),
+      preview,
+      h('div', {}, confirm),
+      outcome));
+    shownDryRun = { content, preview };
+  }
+
+  /** The records of a dry run and the inputs its server.json leaves to fill. */
+  function dryRunView(result) {
     const inputs = result.inputs ?? [];
-    replace(importResult, h('div', { testid: 'server-json-result' },
-      h('p', {}, `server.json: dry run of ${result.choice} (nothing stored yet)`),
-      h('label', {}, 'Allowed tools ', allowedTools),
-      h('pre', { class: 'mono', testid: 'server-json-records' }, JSON.stringify(result.records, null, 2)),
-      inputs.length ? h('div', { class: 'table-wrap' }, h('table', {},
+    return h('div', { class: 'rows' },
+      h('pre', { class: 'json', testid: 'server-json-records' }, JSON.stringify(result.records, null, 2)),
+      inputs.length ? h('div', { class: 'table-wrap' }, h('table', { testid: 'server-json-inputs' },
         h('thead', {}, h('tr', {}, h('th', {}, 'Input to fill'), h('th', {}, 'Name'), h('th', {}, 'How'), h('th', {}, 'Description'))),
-        h('tbody', {}, inputs.map((input) => h('tr', { testid: 'server-json-input', dataset: { field: input.field } },
+        h('tbody', {}, inputs.map((input) => h('tr', { testid: 'server-json-input', dataset: { field: input.field, env: input.env ?? '' } },
           h('td', { class: 'mono' }, input.field),
           h('td', {}, input.name, input.required ? ' (required)' : '', input.secret ? ' (secret)' : ''),
           h('td', { class: 'small' }, input.env ? `set ${input.env} on the workers` : 'edit the record'),
-          h('td', { class: 'small muted' }, input.description ?? '—')))))) : null,
-      h('div', {}, confirm), outcome));
+          h('td', { class: 'small muted' }, input.description ?? '—'))))))
+        : h('p', { class: 'small muted', testid: 'server-json-no-inputs' }, 'Nothing to fill: the server.json gives every value.'));
   }
 
   function importSummary(result) {
@@ -216,7 +265,7 @@ export function importPage(ctx) {
     h('div', { class: 'import-grid' },
       h('section', { class: 'card' },
         h('div', { class: 'card-head' }, h('h2', {}, 'Import a file')),
-        h('p', { class: 'desc' }, 'A TOML or JSON document with one record or a [[servers]] list, in the mcp.d format. Every record is validated before any is written; imported records are admin-managed.'),
+        h('p', { class: 'desc' }, 'A TOML or JSON document with one record or a [[servers]] list, in the mcp.d format, or a server.json of the official MCP Registry (checked as a dry run first). Every record is validated before any is written; imported records are admin-managed.'),
         h('form', { onsubmit: submit, class: 'rows' },
           drop,
           h('div', { class: 'field' }, h('label', {}, 'Content'), text),
