@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use quiver_model::Source;
 use quiver_model::server_json::{self, ImportOptions};
-use quiver_store::{UpsertOutcome, UpsertRequest};
+use quiver_store::UpsertRequest;
 use serde_json::json;
 
 use crate::error::RegistryError;
@@ -89,11 +89,7 @@ async fn import_server_json(
                 caller.role,
             )
             .await?;
-        let outcome_name = match outcome {
-            UpsertOutcome::Created(_) => "created",
-            UpsertOutcome::Updated(_) => "updated",
-            UpsertOutcome::Unchanged(_) => "unchanged",
-        };
+        let outcome_name = outcome.as_str();
         answer["stored"] = json!(true);
         answer["revisions"] = json!({&server_id: outcome.server().revision});
         answer["outcomes"] = json!({server_id: outcome_name});

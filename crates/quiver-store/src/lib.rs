@@ -232,6 +232,15 @@ pub enum UpsertOutcome {
 }
 
 impl UpsertOutcome {
+    /// What happened, as APIs name it: `created`, `updated`, `unchanged`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            UpsertOutcome::Created(_) => "created",
+            UpsertOutcome::Updated(_) => "updated",
+            UpsertOutcome::Unchanged(_) => "unchanged",
+        }
+    }
+
     /// The record as stored after the upsert.
     pub fn server(&self) -> &StoredServer {
         match self {
