@@ -45,9 +45,29 @@ enum Command {
     Servers(cmd::servers::ServersArgs),
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// Stack of each runtime thread. Tokio's 2 MiB is too little for the
+/// deepest call path (gateway → tool runner → pool → connecting a per-user
+/// OAuth grant) in a debug build, whose futures are many times their
+/// release size; 8 MiB is address space, committed only as it is touched.
+const THREAD_STACK_BYTES: usize = 8 * 1024 * 1024;
+
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> std::process::ExitCode {
     let result = match cli.command {
         Command::Registry(args) => cmd::registry::run(args).await,
         Command::Worker(args) => cmd::worker::run(args).await,
