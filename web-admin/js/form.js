@@ -648,7 +648,7 @@ export function serverPage(ctx, { id }) {
       h('div', { class: 'grid-2' },
         field('server_id', 'Server id', serverIdInput, isNew ? 'Letters, digits, - and _; at most 64 characters. Cannot be changed later.' : 'The stable key of this record.'),
         field('display_name', 'Display name', textInput('display_name', r.display_name, { placeholder: 'Shown to admins' })),
-        field('transport', 'Transport', selectInput('transport', transport, TRANSPORTS, () => { syncSections(); changed(); })),
+        field('transport', 'Transport', selectInput('transport', transport, TRANSPORTS, () => { syncSections(); changed(); }), 'stdio starts a child process on each worker; the HTTP transports reach a URL.'),
         field('isolation', 'Isolation', selectInput('isolation', r.isolation ?? 'shared', [['shared', 'shared: one pooled client'], ['per_session', 'per_session: a client per chat session']])),
         field('tool_namespace', 'Tool namespace', textInput('tool_namespace', r.tool_namespace, { placeholder: `mcp.${r.server_id ?? '<server_id>'}`, mono: true }), 'Audit grouping; defaults to mcp.<server_id>.'),
         field('enabled', 'Enabled', checkbox('enabled', r.enabled !== false, 'Workers may use this server'), 'Disabled records stay stored but are never injected.')));

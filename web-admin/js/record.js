@@ -13,15 +13,22 @@ export const DEFAULT_BUDGETS = {
   max_tool_output_bytes: 65536,
 };
 
+/**
+ * The transports (docs/reference.md §1) as [value, label] pairs, in the order
+ * selects offer them: the one place their labels are written, so a select and
+ * a badge never name the same transport differently.
+ */
 export const TRANSPORTS = [
-  ['stdio', 'stdio (child process)'],
+  ['stdio', 'stdio'],
   ['streamable_http', 'Streamable HTTP'],
-  ['http_sse_legacy', 'HTTP + SSE (legacy)'],
+  ['http_sse_legacy', 'HTTP+SSE (legacy)'],
 ];
 
-/** Display name of a transport. */
+const TRANSPORT_LABELS = new Map(TRANSPORTS);
+
+/** Display name of a transport (an unknown one as itself). */
 export function transportLabel(transport) {
-  return { stdio: 'stdio', streamable_http: 'Streamable HTTP', http_sse_legacy: 'HTTP+SSE (legacy)' }[transport] ?? transport;
+  return TRANSPORT_LABELS.get(transport) ?? transport;
 }
 
 /** A deep copy of JSON data. */

@@ -10,7 +10,7 @@ use rmcp::transport::streamable_http_server::{
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::{ServeError, TestServer};
+use crate::server::{ExampleServer, ServeError};
 
 /// Sets `TCP_NODELAY` on an accepted connection: rmcp writes an SSE answer
 /// in several parts, and with Nagle's algorithm the part carrying the result
@@ -22,7 +22,7 @@ pub fn no_delay(tcp: &mut tokio::net::TcpStream) {
 /// Serves MCP Streamable HTTP at `/mcp` on `listener` until `shutdown` fires.
 ///
 /// `server_factory` is called for every new session (and for some per-request
-/// checks); return clones of one [`TestServer`] so all sessions share its
+/// checks); return clones of one [`ExampleServer`] so all sessions share its
 /// state. Any `Host` header is accepted, so clients may use `127.0.0.1:<port>`
 /// or any other name for the listener.
 pub async fn serve_streamable_http<F>(
@@ -31,14 +31,14 @@ pub async fn serve_streamable_http<F>(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError>
 where
-    F: Fn() -> TestServer + Send + Sync + 'static,
+    F: Fn() -> ExampleServer + Send + Sync + 'static,
 {
     // Host validation guards against DNS rebinding of servers on a developer
     // machine; a test server on a loopback port has nothing to protect.
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_cancellation_token(shutdown.child_token());
-    let service: StreamableHttpService<TestServer, LocalSessionManager> =
+    let service: StreamableHttpService<ExampleServer, LocalSessionManager> =
         StreamableHttpService::new(
             move || Ok(server_factory()),
             Arc::new(LocalSessionManager::default()),
@@ -57,7 +57,7 @@ where
 pub struct HttpTestServer {
     url: String,
     addr: SocketAddr,
-    server: TestServer,
+    server: ExampleServer,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ServeError>>,
 }
@@ -74,7 +74,7 @@ impl HttpTestServer {
     }
 
     /// The server whose state every session shares.
-    pub fn server(&self) -> &TestServer {
+    pub fn server(&self) -> &ExampleServer {
         &self.server
     }
 
@@ -94,7 +94,7 @@ impl Drop for HttpTestServer {
 
 /// Starts `server` over Streamable HTTP on `127.0.0.1:<ephemeral port>` in the
 /// current Tokio runtime.
-pub async fn spawn_streamable_http(server: TestServer) -> Result<HttpTestServer, ServeError> {
+pub async fn spawn_streamable_http(server: ExampleServer) -> Result<HttpTestServer, ServeError> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();

@@ -1,6 +1,7 @@
-//! A real MCP server for tests, built on the official `rmcp` SDK.
+//! The example MCP server of `quiver mcp-example`, which is also the MCP
+//! server of the tests: a real server on the official `rmcp` SDK.
 //!
-//! [`TestServer`] exposes a fixed set of tools that exercise what a Quiver
+//! [`ExampleServer`] exposes a fixed set of tools that exercise what a Quiver
 //! worker has to cope with: plain results, tool errors, large and non-ASCII
 //! output, images, slow and cancellable calls, concurrency, a process crash
 //! and tool names that break naive naming schemes; on request it also offers
@@ -83,7 +84,7 @@ pub const FULL_TOOL_NAMES: &[&str] = &[
 /// Every tool of [`Profile::Example`], in `tools/list` order.
 pub const EXAMPLE_TOOL_NAMES: &[&str] = &["add", "counter", "echo", "image", "sleep"];
 
-/// Prefix of the tools added by [`TestServer::with_generated_tools`].
+/// Prefix of the tools added by [`ExampleServer::with_generated_tools`].
 pub const GENERATED_TOOL_PREFIX: &str = "generated_";
 
 /// Name of the `index`-th generated tool: `generated_000`, `generated_001`, …
@@ -106,7 +107,7 @@ pub const TEST_PNG: &[u8] = &[
     0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
 ];
 
-/// Which tools a [`TestServer`] offers.
+/// Which tools an [`ExampleServer`] offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Profile {
     /// Every tool, including the fault-injection ones and the awkward names.
@@ -127,7 +128,7 @@ impl Profile {
     }
 }
 
-/// Counters shared by every clone of a [`TestServer`]; serialized as the
+/// Counters shared by every clone of an [`ExampleServer`]; serialized as the
 /// `stats` tool's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Stats {
@@ -179,20 +180,20 @@ impl Drop for InflightGuard<'_> {
     }
 }
 
-/// The test MCP server. Cheap to clone; clones share all state.
+/// The example (and test) MCP server. Cheap to clone; clones share all state.
 #[derive(Clone)]
-pub struct TestServer {
+pub struct ExampleServer {
     state: Arc<SharedState>,
-    router: Arc<ToolRouter<TestServer>>,
+    router: Arc<ToolRouter<ExampleServer>>,
     profile: Profile,
     generated_tools: usize,
     page_size: Option<usize>,
     slow_start: Option<Duration>,
 }
 
-impl std::fmt::Debug for TestServer {
+impl std::fmt::Debug for ExampleServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestServer")
+        f.debug_struct("ExampleServer")
             .field("profile", &self.profile)
             .field("generated_tools", &self.generated_tools)
             .field("page_size", &self.page_size)
@@ -202,7 +203,7 @@ impl std::fmt::Debug for TestServer {
     }
 }
 
-impl Default for TestServer {
+impl Default for ExampleServer {
     fn default() -> Self {
         Self::new(Profile::Full)
     }
@@ -249,7 +250,7 @@ pub struct BigOutputParams {
     pub fill: Option<String>,
 }
 
-/// The generated tools (see [`TestServer::with_generated_tools`]).
+/// The generated tools (see [`ExampleServer::with_generated_tools`]).
 #[derive(Debug, Deserialize)]
 pub struct GeneratedParams {
     /// Text echoed after the tool's name. The schema's `limit` is accepted
@@ -298,7 +299,7 @@ fn generated_input_schema() -> Arc<JsonObject> {
 /// The one handler behind every generated tool: the tool's own name tells
 /// them apart, so none needs a closure of its own.
 fn call_generated(
-    context: ToolCallContext<'_, TestServer>,
+    context: ToolCallContext<'_, ExampleServer>,
 ) -> BoxFuture<'_, Result<CallToolResponse, McpError>> {
     Box::pin(async move {
         let GeneratedParams { query } = parse_json_object(context.arguments.unwrap_or_default())?;
@@ -318,7 +319,7 @@ fn fill_bytes(bytes: usize, unit: &str) -> String {
 }
 
 #[tool_router(router = full_router)]
-impl TestServer {
+impl ExampleServer {
     #[tool(description = "Returns `text` unchanged.")]
     async fn echo(&self, Parameters(EchoParams { text }): Parameters<EchoParams>) -> String {
         text
@@ -450,10 +451,10 @@ impl TestServer {
     }
 }
 
-impl TestServer {
+impl ExampleServer {
     /// A server offering `profile`'s tools, without pagination or delays.
     pub fn new(profile: Profile) -> Self {
-        TestServer {
+        ExampleServer {
             state: Arc::default(),
             router: Arc::new(Self::router_for(profile, 0)),
             profile,
@@ -463,7 +464,7 @@ impl TestServer {
         }
     }
 
-    fn router_for(profile: Profile, generated_tools: usize) -> ToolRouter<TestServer> {
+    fn router_for(profile: Profile, generated_tools: usize) -> ToolRouter<ExampleServer> {
         let mut router = Self::full_router();
         let unwanted: Vec<String> = router
             .list_all()
@@ -555,7 +556,7 @@ impl TestServer {
 }
 
 #[tool_handler(router = self.router)]
-impl ServerHandler for TestServer {
+impl ServerHandler for ExampleServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()
@@ -718,7 +719,7 @@ pub enum ServeError {
 
 /// Serves `server` over this process's stdin/stdout until the client closes
 /// stdin. Stdout carries only protocol messages: log to stderr.
-pub async fn serve_stdio(server: TestServer) -> Result<(), ServeError> {
+pub async fn serve_stdio(server: ExampleServer) -> Result<(), ServeError> {
     let running = server
         .serve(rmcp::transport::stdio_pipes())
         .await
@@ -740,7 +741,7 @@ mod tests {
     #[test]
     fn profiles_list_their_tools_in_order() {
         for profile in [Profile::Full, Profile::Example] {
-            let names: Vec<String> = TestServer::new(profile)
+            let names: Vec<String> = ExampleServer::new(profile)
                 .router
                 .list_all()
                 .into_iter()

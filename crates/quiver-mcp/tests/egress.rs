@@ -10,7 +10,7 @@ use std::time::Duration;
 use quiver_mcp::egress::EgressPolicy;
 use quiver_mcp::{HealthState, McpPool, PoolOptions};
 use quiver_model::{HttpConfig, McpServerSpec, Source, StoredServer, Transport};
-use quiver_testkit::mcp_server::{TestServer, spawn_streamable_http};
+use quiver_testkit::mcp_server::{ExampleServer, spawn_streamable_http};
 
 fn server(id: &str, url: &str) -> Arc<StoredServer> {
     let mut spec = McpServerSpec::new(id, Transport::StreamableHttp);
@@ -40,7 +40,7 @@ fn pool(hosts: &[&str], cidrs: &[&str]) -> McpPool {
 
 #[tokio::test]
 async fn a_resolved_host_outside_the_cidrs_is_refused_every_time() {
-    let http = spawn_streamable_http(TestServer::full()).await.unwrap();
+    let http = spawn_streamable_http(ExampleServer::full()).await.unwrap();
     let url = http.url().replace("127.0.0.1", "localhost");
     let pool = pool(&[], &["10.0.0.0/8"]);
     let record = server("outside", &url);
@@ -73,7 +73,7 @@ async fn a_resolved_host_outside_the_cidrs_is_refused_every_time() {
 
 #[tokio::test]
 async fn hosts_allowed_by_name_or_cidr_connect_and_literals_outside_are_refused_up_front() {
-    let http = spawn_streamable_http(TestServer::full()).await.unwrap();
+    let http = spawn_streamable_http(ExampleServer::full()).await.unwrap();
     let by_name = http.url().replace("127.0.0.1", "localhost");
     let pool = pool(&[], &["127.0.0.0/8", "::1/128"]);
     let tools = pool.list_tools(&server("pinned", &by_name)).await.unwrap();

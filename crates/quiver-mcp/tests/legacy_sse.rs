@@ -1,5 +1,5 @@
 //! The legacy HTTP+SSE client transport over real loopback HTTP: against the testkit's
-//! legacy SSE server running the real `TestServer`, and against scripted servers that
+//! legacy SSE server running the real `ExampleServer`, and against scripted servers that
 //! send exactly the bytes a misbehaving server would.
 
 use std::{
@@ -16,7 +16,7 @@ use axum::{
 };
 use futures::{StreamExt, future::join_all, stream};
 use quiver_mcp::legacy_sse::{LegacySseClientTransport, LegacySseError};
-use quiver_testkit::{legacy_sse, mcp_server::TestServer};
+use quiver_testkit::{legacy_sse, mcp_server::ExampleServer};
 use rmcp::{
     ServiceExt,
     model::{CallToolRequestParams, CallToolResult, ClientJsonRpcMessage, ServerJsonRpcMessage},
@@ -51,7 +51,7 @@ async fn start_testkit() -> TestkitServer {
     let shutdown = CancellationToken::new();
     tokio::spawn(legacy_sse::serve(
         listener,
-        TestServer::example,
+        ExampleServer::example,
         shutdown.clone(),
     ));
     TestkitServer { sse_url, shutdown }

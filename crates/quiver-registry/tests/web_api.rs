@@ -27,7 +27,7 @@ use quiver_registry::state::RegistryState;
 use quiver_store::{SqlStore, Store};
 use quiver_testkit::legacy_sse;
 use quiver_testkit::mcp_server::{
-    FULL_TOOL_NAMES, LONG_TOOL_NAME, SERVER_NAME, TestServer, spawn_streamable_http,
+    ExampleServer, FULL_TOOL_NAMES, LONG_TOOL_NAME, SERVER_NAME, spawn_streamable_http,
     testkit_mcp_bin,
 };
 use reqwest::Method;
@@ -502,13 +502,13 @@ async fn preview_lists_and_judges_the_tools_of_a_stdio_server() {
 #[tokio::test]
 async fn preview_over_streamable_http_and_legacy_sse() {
     let r = sqlite_registry(|_| {}).await;
-    let http_server = spawn_streamable_http(TestServer::full()).await.unwrap();
+    let http_server = spawn_streamable_http(ExampleServer::full()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sse_url = format!("http://{}/sse", listener.local_addr().unwrap());
     let sse_shutdown = CancellationToken::new();
     tokio::spawn(legacy_sse::serve(
         listener,
-        TestServer::example,
+        ExampleServer::example,
         sse_shutdown.clone(),
     ));
     let _stop_sse = sse_shutdown.drop_guard();
@@ -562,7 +562,9 @@ async fn preview_over_streamable_http_and_legacy_sse() {
 #[tokio::test]
 async fn preview_restores_masked_values_of_the_stored_record() {
     let r = sqlite_registry(|_| {}).await;
-    let server = spawn_streamable_http(TestServer::example()).await.unwrap();
+    let server = spawn_streamable_http(ExampleServer::example())
+        .await
+        .unwrap();
     let record = http_record("web", Transport::StreamableHttp, server.url());
     let (status, _) = rest(
         &r,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use quiver_testkit::{legacy_sse, mcp_server::TestServer};
+use quiver_testkit::{legacy_sse, mcp_server::ExampleServer};
 use serde_json::{Value, json};
 use sse_stream::{Sse, SseStream};
 use tokio::task::JoinHandle;
@@ -30,7 +30,7 @@ async fn start() -> Server {
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(legacy_sse::serve(
         listener,
-        TestServer::example,
+        ExampleServer::example,
         shutdown.clone(),
     ));
     Server {

@@ -5,7 +5,7 @@ use std::{process::Stdio, time::Duration};
 
 use base64::Engine as _;
 use quiver_testkit::mcp_server::{
-    EXAMPLE_TOOL_NAMES, FULL_TOOL_NAMES, LONG_TOOL_NAME, Profile, Stats, TEST_PNG, TestServer,
+    EXAMPLE_TOOL_NAMES, ExampleServer, FULL_TOOL_NAMES, LONG_TOOL_NAME, Profile, Stats, TEST_PNG,
     generated_tool_name, spawn_streamable_http,
 };
 use rmcp::{
@@ -201,7 +201,7 @@ async fn stdio_smoke() {
 
 #[tokio::test]
 async fn streamable_http_smoke_and_cancellation() {
-    let http = spawn_streamable_http(TestServer::full())
+    let http = spawn_streamable_http(ExampleServer::full())
         .await
         .expect("start HTTP server");
     let client = http_client(http.url()).await;
@@ -231,7 +231,7 @@ async fn streamable_http_smoke_and_cancellation() {
 
 #[tokio::test]
 async fn http_sessions_share_state() {
-    let http = spawn_streamable_http(TestServer::full())
+    let http = spawn_streamable_http(ExampleServer::full())
         .await
         .expect("start HTTP server");
     let first = http_client(http.url()).await;
@@ -254,7 +254,7 @@ async fn pagination_follows_cursors() {
     assert_eq!(tool_names(&client).await, FULL_TOOL_NAMES);
     client.cancel().await.expect("close client");
 
-    let http = spawn_streamable_http(TestServer::example().with_page_size(Some(2)))
+    let http = spawn_streamable_http(ExampleServer::example().with_page_size(Some(2)))
         .await
         .expect("start HTTP server");
     let client = http_client(http.url()).await;
@@ -271,7 +271,7 @@ async fn stdio_runs_calls_concurrently() {
 
 #[tokio::test]
 async fn http_runs_calls_concurrently() {
-    let http = spawn_streamable_http(TestServer::full())
+    let http = spawn_streamable_http(ExampleServer::full())
         .await
         .expect("start HTTP server");
     let client = http_client(http.url()).await;
@@ -309,7 +309,7 @@ async fn example_profile_offers_five_tools() {
     );
     client.cancel().await.expect("close client");
 
-    assert_eq!(TestServer::example().profile(), Profile::Example);
+    assert_eq!(ExampleServer::example().profile(), Profile::Example);
 }
 
 #[tokio::test]
@@ -424,7 +424,7 @@ async fn generated_tools_are_listed_and_callable() {
     assert_eq!(missing.is_error, Some(true), "{missing:?}");
     client.cancel().await.expect("close client");
 
-    let http = spawn_streamable_http(TestServer::full().with_generated_tools(3))
+    let http = spawn_streamable_http(ExampleServer::full().with_generated_tools(3))
         .await
         .expect("start HTTP server");
     assert_eq!(http.server().generated_tools(), 3);

@@ -61,7 +61,7 @@ use quiver_model::token::TokenDigest;
 use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_sync::{AccessMap, KeyUses};
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_testkit::mcp_server::{TestServer, spawn_streamable_http};
+use quiver_testkit::mcp_server::{ExampleServer, spawn_streamable_http};
 use quiver_testkit::oauth_server::{OAuthServer, OAuthServerOptions};
 use quiver_testkit::oidc_issuer::{MintAlg, MintRequest, OidcIssuer};
 use quiver_worker::auth::{CallerToken, Callers, CallersConfig, Via};
@@ -412,7 +412,7 @@ async fn run() -> BenchResult<()> {
     let minted_in = started.elapsed();
 
     // 1. End to end.
-    let server = spawn_streamable_http(TestServer::full()).await?;
+    let server = spawn_streamable_http(ExampleServer::full()).await?;
     let mut spec = McpServerSpec::new(SERVER_ID, Transport::StreamableHttp);
     spec.http = Some(HttpConfig {
         url: server.url().to_owned(),

@@ -3,7 +3,7 @@
 //! calling the same upstream directly, measured in the same run.
 //!
 //! Everything is real and talks over loopback: 20 testkit MCP servers over
-//! streamable HTTP (`TestServer::example().with_generated_tools(50)`, records
+//! streamable HTTP (`ExampleServer::example().with_generated_tools(50)`, records
 //! with `allowed_tools = ["generated_*"]`, so exactly 50 tools each), an
 //! in-process registry on SQLite, an in-process worker synced to it and warm
 //! (tool lists cached, as in steady state), and the testkit's scripted

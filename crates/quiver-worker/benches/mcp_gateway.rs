@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_testkit::mcp_server::{TestServer, spawn_streamable_http};
+use quiver_testkit::mcp_server::{ExampleServer, spawn_streamable_http};
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, JsonObject, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, Peer, RunningService};
@@ -184,7 +184,7 @@ async fn run() -> BenchResult<()> {
     let concurrency = env_usize("QUIVER_BENCH_CONCURRENCY", 64).max(1);
     let concurrent_calls = env_usize("QUIVER_BENCH_CONCURRENT_CALLS", 12_800);
 
-    let server = spawn_streamable_http(TestServer::full()).await?;
+    let server = spawn_streamable_http(ExampleServer::full()).await?;
     let mut spec = McpServerSpec::new(SERVER_ID, Transport::StreamableHttp);
     spec.http = Some(HttpConfig {
         url: server.url().to_owned(),

@@ -41,7 +41,7 @@ use quiver_model::{HttpConfig, McpServerSpec, Transport};
 use quiver_store::Store;
 use quiver_sync::{SyncOptions, SyncService};
 use quiver_testkit::bench::{Samples, env_usize, ms};
-use quiver_testkit::mcp_server::{TestServer, spawn_streamable_http};
+use quiver_testkit::mcp_server::{ExampleServer, spawn_streamable_http};
 use quiver_testkit::registry::WORKER_TOKEN;
 use quiver_worker::auth::CallersConfig;
 use quiver_worker::quota::{Quotas, lease_share};
@@ -288,7 +288,7 @@ fn main() -> BenchResult<()> {
 async fn run() -> BenchResult<()> {
     let config = Config::from_env();
     let started = Instant::now();
-    let server = spawn_streamable_http(TestServer::full()).await?;
+    let server = spawn_streamable_http(ExampleServer::full()).await?;
     let mut spec = McpServerSpec::new(SERVER_ID, Transport::StreamableHttp);
     spec.http = Some(HttpConfig {
         url: server.url().to_owned(),

@@ -15,7 +15,7 @@
 //! `QUIVER_BENCH_SERVER` chooses the MCP server; the phases are the same:
 //!
 //! - `testkit` (default): the native `quiver-testkit-mcp` binary over stdio
-//!   (`echo {text}`), and the testkit's `TestServer` over streamable HTTP.
+//!   (`echo {text}`), and the testkit's `ExampleServer` over streamable HTTP.
 //! - `everything`: the reference server `@modelcontextprotocol/server-everything`
 //!   (version [`EVERYTHING_VERSION`], `echo {message}`, answers `Echo: …`),
 //!   run as `node <dist/index.js> stdio` and `node <dist/index.js>
@@ -89,7 +89,7 @@ use quiver_mcp::{CallToolResult, McpPool};
 use quiver_model::policy::CompiledTaskPolicy;
 use quiver_model::{HttpConfig, McpServerSpec, StdioConfig, StoredServer, Transport};
 use quiver_sync::SnapshotHandle;
-use quiver_testkit::mcp_server::{Profile, TestServer};
+use quiver_testkit::mcp_server::{ExampleServer, Profile};
 use quiver_worker::DEFAULT_CATALOG_WAIT;
 use quiver_worker::approval::ApprovalFlow;
 use quiver_worker::audit::AuditOptions;
@@ -136,7 +136,7 @@ struct Config {
 /// The MCP server under test (`QUIVER_BENCH_SERVER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ServerChoice {
-    /// `quiver-testkit-mcp` and the testkit's `TestServer`.
+    /// `quiver-testkit-mcp` and the testkit's `ExampleServer`.
     Testkit,
     /// `@modelcontextprotocol/server-everything` on node.
     Everything,
@@ -592,7 +592,7 @@ impl HttpServer {
         }
     }
 
-    /// Serves [`TestServer`] like `quiver_testkit::mcp_server::serve_streamable_http`
+    /// Serves [`ExampleServer`] like `quiver_testkit::mcp_server::serve_streamable_http`
     /// does, on a runtime of its own (one worker thread per core, as the
     /// binary has), optionally with `TCP_NODELAY` on its sockets.
     fn in_process(nodelay: bool) -> BenchResult<Self> {
@@ -623,11 +623,11 @@ impl HttpServer {
                     };
                     let addr = listener.local_addr().map_err(|err| err.to_string());
                     let _ = tx.send(addr.map(|addr| format!("http://{addr}/mcp")));
-                    let server = TestServer::new(Profile::Full);
+                    let server = ExampleServer::new(Profile::Full);
                     let config = StreamableHttpServerConfig::default()
                         .disable_allowed_hosts()
                         .with_cancellation_token(stop.child_token());
-                    let service: StreamableHttpService<TestServer, LocalSessionManager> =
+                    let service: StreamableHttpService<ExampleServer, LocalSessionManager> =
                         StreamableHttpService::new(
                             move || Ok(server.clone()),
                             Arc::new(LocalSessionManager::default()),

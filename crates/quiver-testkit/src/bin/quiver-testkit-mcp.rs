@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use quiver_example_mcp::http::serve_streamable_http;
 use quiver_example_mcp::legacy_sse;
-use quiver_example_mcp::server::{Profile, TestServer, serve_stdio};
+use quiver_example_mcp::server::{ExampleServer, Profile, serve_stdio};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -104,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
         .map(usize::try_from)
         .transpose()
         .context("--page-size is too large")?;
-    let server = TestServer::new(args.profile.into())
+    let server = ExampleServer::new(args.profile.into())
         .with_generated_tools(args.generated_tools)
         .with_page_size(page_size)
         .with_slow_start(args.slow_start_ms.map(Duration::from_millis));

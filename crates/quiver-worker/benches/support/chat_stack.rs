@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use quiver_model::{HttpConfig, McpServerSpec, Transport};
-use quiver_testkit::mcp_server::{HttpTestServer, TestServer, spawn_streamable_http};
+use quiver_testkit::mcp_server::{ExampleServer, HttpTestServer, spawn_streamable_http};
 use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream, UpstreamOptions};
 use quiver_upstream::UpstreamOptions as WorkerUpstream;
 
@@ -30,7 +30,7 @@ impl ChatStack {
         let mut specs = Vec::new();
         for i in 0..servers {
             let server =
-                spawn_streamable_http(TestServer::example().with_generated_tools(tools)).await?;
+                spawn_streamable_http(ExampleServer::example().with_generated_tools(tools)).await?;
             let mut spec = McpServerSpec::new(format!("bench-{i:02}"), Transport::StreamableHttp);
             spec.http = Some(HttpConfig {
                 url: server.url().to_owned(),
