@@ -6,6 +6,7 @@
 mod code;
 pub mod connection;
 pub mod credentials;
+mod dropped;
 pub mod egress;
 mod error;
 mod inflight;

@@ -182,7 +182,7 @@ fn cap_content(items: Vec<ContentBlock>, budget: &mut usize) -> Vec<ContentBlock
 /// which name the limit that dropped it. Other failures pass unchanged.
 pub fn cap_service_error(err: ServiceError, max_bytes: usize) -> ServiceError {
     match err {
-        ServiceError::McpError(mut error) if crate::stdio::dropped_answer(&error).is_none() => {
+        ServiceError::McpError(mut error) if crate::dropped::dropped_answer(&error).is_none() => {
             let original = error.message.len();
             if original > max_bytes {
                 let kept = truncate_utf8(&error.message, max_bytes);

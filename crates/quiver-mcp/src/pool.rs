@@ -1222,7 +1222,7 @@ impl McpPool {
         let result = match answer {
             Ok(result) => result,
             Err(ServiceError::McpError(error))
-                if crate::stdio::dropped_answer(&error).is_none() =>
+                if crate::dropped::dropped_answer(&error).is_none() =>
             {
                 return Err(ForwardError::Server(error));
             }
@@ -1391,7 +1391,7 @@ async fn acquire_both(
 /// Maps rmcp's errors to the §10 codes.
 fn map_service_error(err: ServiceError, timeout_ms: u64) -> McpError {
     if let ServiceError::McpError(error) = &err
-        && let Some(dropped) = crate::stdio::dropped_answer(error)
+        && let Some(dropped) = crate::dropped::dropped_answer(error)
     {
         return dropped;
     }

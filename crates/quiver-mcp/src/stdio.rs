@@ -18,7 +18,6 @@ use std::time::Duration;
 use futures::SinkExt as _;
 use process_wrap::tokio::{ChildWrapper, CommandWrap};
 use rmcp::RoleClient;
-use rmcp::model::{ErrorCode, ErrorData};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::async_rw::JsonRpcMessageCodec;
@@ -26,15 +25,12 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, BufReader};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio_util::codec::FramedWrite;
 
-use crate::error::McpError;
+use crate::dropped::DropReason;
 use crate::json_scan::TopLevelScan;
 use crate::server_log::ServerLog;
 
 /// Default of `max_message_bytes` (as rmcp's own line limit).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
-/// JSON-RPC error code of the errors this transport puts in place of a
-/// server's answer it could not take (in the implementation-defined range).
-const DROPPED_ANSWER_CODE: i32 = -32099;
 /// How long a child gets to exit after its stdin closes, and again after SIGTERM.
 const EXIT_WAIT: Duration = Duration::from_secs(3);
 /// Read buffer of the child's stdout.
@@ -44,25 +40,8 @@ const KEEP_BUFFER: usize = 1 << 20;
 
 type Writer<W> = FramedWrite<W, JsonRpcMessageCodec<TxJsonRpcMessage<RoleClient>>>;
 
-/// Why an answer was dropped, as put in the error's `data.reason`.
-const TOO_LARGE: &str = "too_large";
-const UNPARSABLE: &str = "unparsable";
 /// Rate-limited event kind of an unparsable line that answers no request.
 const IGNORED_MESSAGE: &str = "ignored_message";
-
-/// The error a request gets when this transport dropped its answer, or
-/// `None` for an error the server sent itself.
-pub fn dropped_answer(error: &ErrorData) -> Option<McpError> {
-    if error.code.0 != DROPPED_ANSWER_CODE {
-        return None;
-    }
-    let message = error.message.to_string();
-    match error.data.as_ref()?.get("reason")?.as_str()? {
-        TOO_LARGE => Some(McpError::OutputTooLarge(message)),
-        UNPARSABLE => Some(McpError::Protocol(message)),
-        _ => None,
-    }
-}
 
 /// A stdio MCP client transport over `read` (the server's stdout) and
 /// `write` (its stdin), owning the child process when there is one.
@@ -331,18 +310,18 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         let server_id = self.log.server_id();
         let (reason, message) = match &refusal {
             Refusal::TooLarge(bytes) => (
-                TOO_LARGE,
+                DropReason::TooLarge,
                 format!(
                     "the server sent a message of {bytes} bytes, over max_message_bytes = {}; it was dropped",
                     self.max_bytes
                 ),
             ),
             Refusal::Unparsable(err) => (
-                UNPARSABLE,
+                DropReason::Unparsable,
                 format!("the server sent a message that cannot be parsed: {err}"),
             ),
         };
-        metrics::counter!("mcp_messages_dropped_total", "server_id" => server_id.to_owned(), "reason" => reason)
+        metrics::counter!("mcp_messages_dropped_total", "server_id" => server_id.to_owned(), "reason" => reason.as_str())
             .increment(1);
         let id = scan.id().filter(|_| !scan.has_method());
         match (&refusal, &id) {
@@ -359,9 +338,8 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
                 }
             }
         }
-        let data = serde_json::json!({ "reason": reason });
         Some(RxJsonRpcMessage::<RoleClient>::error(
-            ErrorData::new(ErrorCode(DROPPED_ANSWER_CODE), message, Some(data)),
+            reason.error(message),
             Some(id?),
         ))
     }
@@ -377,6 +355,9 @@ fn message_bytes(line: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
+
+    use crate::dropped::dropped_answer;
+    use crate::error::McpError;
 
     use rmcp::ServiceExt as _;
     use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
