@@ -137,7 +137,7 @@ impl McpUsageService for GrpcUsageService {
             .lease_calls(&body.key, body.calls, body.per_s, body.want.max(1))
             .await
             .map_err(RegistryError::from)?;
-        let live_workers = u32::try_from(self.state.workers.list().len()).unwrap_or(u32::MAX);
+        let live_workers = u32::try_from(self.state.workers.live_count()).unwrap_or(u32::MAX);
         Ok(GrpcResponse::new(pb::LeaseCallsResponse {
             granted: lease.granted,
             window_id: lease.window_start_ms,

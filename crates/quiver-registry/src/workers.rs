@@ -236,6 +236,19 @@ impl WorkerBoard {
         live.into_iter().map(f).collect()
     }
 
+    /// How many workers reported within the expiry (no report is copied:
+    /// asked on every rate-limit lease).
+    pub fn live_count(&self) -> usize {
+        let reports = self
+            .reports
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner());
+        reports
+            .values()
+            .filter(|entry| entry.at.elapsed() < self.options.expiry)
+            .count()
+    }
+
     /// Current reports, ordered by worker id.
     pub fn list(&self) -> Vec<WorkerStatus> {
         self.live(|entry| entry.status.clone())
@@ -321,6 +334,7 @@ mod tests {
         assert!(err.to_string().contains("max_workers"), "{err}");
         // A known worker may always report again.
         board.report(status("a", 4), 5).unwrap();
+        assert_eq!(board.live_count(), 2);
         let page = board.render_metrics();
         assert!(
             page.contains("quiver_registry_worker_lag{worker_id=\"a\"} 1"),
@@ -333,6 +347,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(board.render_metrics(), "");
         assert!(board.list().is_empty());
+        assert_eq!(board.live_count(), 0, "expired reports are not live");
         board.report(status("c", 5), 5).unwrap();
     }
 

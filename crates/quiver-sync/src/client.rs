@@ -141,20 +141,10 @@ impl Connector {
             .clone()
     }
 
-    /// Runs one rate-limit or usage call on the replica the sync follows,
-    /// within `timeout` (a call waits for a lease at most this long).
-    pub(crate) async fn usage_call<T, F, Fut>(
-        &self,
-        call: &'static str,
-        timeout: Duration,
-        request: F,
-    ) -> Result<T, SyncError>
-    where
-        F: FnOnce(quiver_proto::credentials::UsageClient) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        let client = self.client_of(|replica| &replica.usage, Credentials::usage_client);
-        self.bounded_by(call, timeout, request(client)).await
+    /// The rate-limit and usage client of the replica the sync follows
+    /// (its calls bounded by the caller: [`Connector::bounded_by`]).
+    pub(crate) fn usage_client(&self) -> quiver_proto::credentials::UsageClient {
+        self.client_of(|replica| &replica.usage, Credentials::usage_client)
     }
 
     /// Runs one approvals call on the replica the sync follows, within the
@@ -215,7 +205,7 @@ impl Connector {
         self.bounded_by(call, self.request_timeout, response).await
     }
 
-    async fn bounded_by<T>(
+    pub(crate) async fn bounded_by<T>(
         &self,
         call: &'static str,
         timeout: Duration,

@@ -53,11 +53,10 @@ impl RegistryUsage {
             per_s,
             want,
         };
+        let mut client = self.connector.usage_client();
         let response = self
             .connector
-            .usage_call("lease calls", timeout, |mut client| async move {
-                client.lease_calls(request).await
-            })
+            .bounded_by("lease calls", timeout, client.lease_calls(request))
             .await?;
         Ok(LeasedCalls {
             granted: response.granted,
@@ -82,10 +81,9 @@ impl RegistryUsage {
             window_id,
             calls,
         };
+        let mut client = self.connector.usage_client();
         self.connector
-            .usage_call("return calls", timeout, |mut client| async move {
-                client.return_calls(request).await
-            })
+            .bounded_by("return calls", timeout, client.return_calls(request))
             .await?;
         Ok(())
     }
@@ -116,10 +114,9 @@ impl RegistryUsage {
                 })
                 .collect(),
         };
+        let mut client = self.connector.usage_client();
         self.connector
-            .usage_call("report usage", timeout, |mut client| async move {
-                client.report_usage(request).await
-            })
+            .bounded_by("report usage", timeout, client.report_usage(request))
             .await?;
         Ok(())
     }
