@@ -20,13 +20,14 @@
 //! behind catches up without the database while it can.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use quiver_model::access::StoredAccess;
 use quiver_model::{Change, ChangeKind, HistoryEntry, StoredServer};
 use quiver_proto::v1 as pb;
-use quiver_store::{AccessHistoryEntry, HistoryPage, Store, StoreError};
+use quiver_store::{AccessHistoryEntry, Head, HistoryPage, Store, StoreError};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -41,12 +42,15 @@ const RECORD_READS: usize = 4;
 pub const WATCHER_BUFFER: usize = 32;
 /// How long a closing stream waits to deliver its final error.
 const FINAL_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a head read answers the checks of the watches opened after it
+/// ([`ChangeFeed::watch`]).
+const HEAD_CHECK_TTL: Duration = Duration::from_secs(1);
 /// How long a list waits for the in-memory head to reach the newest revision
 /// this process knows committed before it reads the database instead.
 const HEAD_WAIT: Duration = Duration::from_secs(2);
 
 /// The change of one revision, with the record it left.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct FeedChange {
     /// The change.
     pub change: Change,
@@ -57,9 +61,43 @@ pub struct FeedChange {
     /// The access record exactly as of this revision, for access upserts
     /// (always known: a replay reads it).
     pub access: Option<Arc<StoredAccess>>,
+    /// The watch event's wire encoding, unmasked and masked: made by the
+    /// first stream that sends it, shared by every other.
+    encoded: [OnceLock<Bytes>; 2],
 }
 
+// The encodings are a cache of the rest.
+impl PartialEq for FeedChange {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.change, &self.server, &self.access) == (&other.change, &other.server, &other.access)
+    }
+}
+
+impl Eq for FeedChange {}
+
 impl FeedChange {
+    /// The change of one revision with what it left.
+    pub fn new(
+        change: Change,
+        server: Option<Arc<StoredServer>>,
+        access: Option<Arc<StoredAccess>>,
+    ) -> Self {
+        FeedChange {
+            change,
+            server,
+            access,
+            encoded: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// This change's watch event as sent on the wire, `masked` or not:
+    /// `encode` runs once per flavour however many streams send it.
+    pub fn encoded(&self, masked: bool, encode: impl FnOnce(&Self) -> Bytes) -> Bytes {
+        self.encoded[usize::from(masked)]
+            .get_or_init(|| encode(self))
+            .clone()
+    }
+
     /// The watch event of this change, carrying its record when known.
     pub fn message(&self) -> pb::WatchMcpServersResponse {
         let mut message = pb::WatchMcpServersResponse::from(&self.change);
@@ -150,6 +188,8 @@ pub struct ChangeFeed {
     /// once, other replicas' through the store's notifications).
     known: watch::Receiver<u64>,
     store: Arc<dyn Store>,
+    /// The last head read for a watch's check, and when.
+    checked_head: Arc<Mutex<Option<(Head, Instant)>>>,
     heartbeat: Duration,
     shutdown: CancellationToken,
 }
@@ -188,6 +228,7 @@ impl ChangeFeed {
             head,
             known,
             store,
+            checked_head: Arc::default(),
             heartbeat: options.heartbeat,
             shutdown,
         })
@@ -246,19 +287,7 @@ impl ChangeFeed {
     ) -> Result<mpsc::Receiver<Result<WatchEvent, RegistryError>>, RegistryError> {
         // Subscribe first: anything committed from now on is in the ring.
         let live = self.ring.subscribe();
-        let head = self.store.head().await?;
-        if since_revision < head.compaction_floor {
-            return Err(RegistryError::FailedPrecondition(format!(
-                "since_revision {since_revision} is below the compaction floor {}; list again and watch from its revision",
-                head.compaction_floor
-            )));
-        }
-        if since_revision > head.revision {
-            return Err(RegistryError::FailedPrecondition(format!(
-                "since_revision {since_revision} is ahead of head revision {}; list again and watch from its revision",
-                head.revision
-            )));
-        }
+        self.check_since(since_revision).await?;
         let (tx, rx) = mpsc::channel(WATCHER_BUFFER);
         let watcher = Watcher {
             store: self.store.clone(),
@@ -271,6 +300,44 @@ impl ChangeFeed {
         };
         tokio::spawn(watcher.run());
         Ok(rx)
+    }
+
+    /// Refuses a watch from a revision the change log cannot serve. A head
+    /// read less than [`HEAD_CHECK_TTL`] old answers for a revision within
+    /// it, so the workers of a replica that died resume here at a read per
+    /// second, not one each (issue #28). A compaction since that read is
+    /// caught by the watcher, as one right after the check would be; a
+    /// revision the read does not cover is checked with a fresh one.
+    async fn check_since(&self, since_revision: u64) -> Result<(), RegistryError> {
+        let recent = self
+            .checked_head
+            .lock()
+            .ok()
+            .and_then(|checked| *checked)
+            .filter(|(_, at)| at.elapsed() < HEAD_CHECK_TTL)
+            .map(|(head, _)| head);
+        if recent
+            .is_some_and(|head| (head.compaction_floor..=head.revision).contains(&since_revision))
+        {
+            return Ok(());
+        }
+        let head = self.store.head().await?;
+        if let Ok(mut checked) = self.checked_head.lock() {
+            *checked = Some((head, Instant::now()));
+        }
+        if since_revision < head.compaction_floor {
+            return Err(RegistryError::FailedPrecondition(format!(
+                "since_revision {since_revision} is below the compaction floor {}; list again and watch from its revision",
+                head.compaction_floor
+            )));
+        }
+        if since_revision > head.revision {
+            return Err(RegistryError::FailedPrecondition(format!(
+                "since_revision {since_revision} is ahead of head revision {}; list again and watch from its revision",
+                head.revision
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -451,11 +518,7 @@ fn apply_change(
             Some(record) => access.insert(key, record.clone()),
             None => access.remove(&key),
         };
-        return FeedChange {
-            change,
-            server: None,
-            access: record,
-        };
+        return FeedChange::new(change, None, record);
     }
     let entry = match entry {
         Some(Entry::Server(entry)) => Some(*entry),
@@ -483,11 +546,7 @@ fn apply_change(
             None
         }
     };
-    FeedChange {
-        change,
-        server,
-        access: None,
-    }
+    FeedChange::new(change, server, None)
 }
 
 /// The access record an upsert left, as a read returns it.
@@ -614,12 +673,8 @@ impl Watcher {
                 } else {
                     None
                 };
-                self.send_change(Arc::new(FeedChange {
-                    change,
-                    server: None,
-                    access,
-                }))
-                .await?;
+                self.send_change(Arc::new(FeedChange::new(change, None, access)))
+                    .await?;
             }
         }
     }

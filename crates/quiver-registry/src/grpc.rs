@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 
 use crate::approvals::ApprovalRequest;
 use crate::auth::{Need, Role};
+use crate::encoded::{masked, masked_list, watch_message};
 use crate::error::RegistryError;
 use crate::feed::WatchEvent;
 use crate::oauth::broker::Issued;
@@ -111,137 +112,6 @@ fn health_state(state: i32) -> &'static str {
     }
 }
 
-/// The path of `ListMcpServers`, answered by [`encoded_list_route`].
-pub const LIST_PATH: &str = "/quiver.registry.v1.McpRegistryService/ListMcpServers";
-
-/// A route that answers `ListMcpServers` with the head's encoding, made
-/// once per revision ([`crate::head::HeadView::grpc_list`]), instead of
-/// tonic encoding the whole list for every call. Merged in front of the
-/// tonic services; same credential check and errors as the service.
-pub fn encoded_list_route(state: RegistryState) -> axum::Router {
-    axum::Router::new().route(
-        LIST_PATH,
-        axum::routing::post(
-            move |headers: axum::http::HeaderMap, _request: axum::body::Bytes| {
-                let state = state.clone();
-                async move { encoded_list(&state, &headers).await }
-            },
-        ),
-    )
-}
-
-async fn encoded_list(
-    state: &RegistryState,
-    headers: &axum::http::HeaderMap,
-) -> axum::response::Response {
-    let head = async {
-        let header = headers
-            .get("authorization")
-            .and_then(|value| value.to_str().ok());
-        let (role, _) = state.authenticate_token(header)?;
-        role.require(Need::Reader)?;
-        Ok::<_, RegistryError>((role, state.feed.head().await?))
-    }
-    .await;
-    let (role, head) = match head {
-        Ok(found) => found,
-        Err(err) => return Status::from(err).into_http(),
-    };
-    let message = if role.reads_literals_over_grpc() {
-        head.grpc_list()
-    } else {
-        bytes::Bytes::from(prost::Message::encode_to_vec(&masked_list(&head)))
-    };
-    // The gRPC length prefix: not compressed, then the length (big endian).
-    let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
-    let mut prefix = Vec::with_capacity(5);
-    prefix.push(0);
-    prefix.extend_from_slice(&length.to_be_bytes());
-    let body = OneMessage {
-        chunks: vec![message, bytes::Bytes::from(prefix)],
-        trailers: true,
-    };
-    let mut response = axum::response::Response::new(axum::body::Body::new(body));
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/grpc"),
-    );
-    response
-}
-
-/// A gRPC response body of one encoded message and an OK status.
-struct OneMessage {
-    /// Popped from the back: the prefix first.
-    chunks: Vec<bytes::Bytes>,
-    trailers: bool,
-}
-
-impl http_body::Body for OneMessage {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let this = self.get_mut();
-        if let Some(chunk) = this.chunks.pop() {
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
-        }
-        if std::mem::take(&mut this.trailers) {
-            let mut trailers = axum::http::HeaderMap::new();
-            trailers.insert("grpc-status", axum::http::HeaderValue::from_static("0"));
-            return std::task::Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers))));
-        }
-        std::task::Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty() && !self.trailers
-    }
-}
-
-/// A record with literal env/header values masked (reads of roles that do
-/// not see secrets, [`Role::reads_literals_over_grpc`]).
-fn masked(server: quiver_model::StoredServer) -> quiver_model::StoredServer {
-    quiver_model::StoredServer {
-        spec: server.spec.masked(),
-        ..server
-    }
-}
-
-/// The head's list message with every record masked.
-fn masked_list(head: &crate::head::HeadView) -> pb::ListMcpServersResponse {
-    pb::ListMcpServersResponse {
-        revision: head.revision,
-        servers: head
-            .servers
-            .values()
-            .map(|server| (&masked(server.as_ref().clone())).into())
-            .collect(),
-        // Who may call is for the worker and admin credentials only.
-        access: Vec::new(),
-    }
-}
-
-/// A watch event with its record masked; an access change shows only
-/// that the revision moved.
-fn masked_change(change: &crate::feed::FeedChange) -> pb::WatchMcpServersResponse {
-    if change.change.access.is_some() {
-        return pb::WatchMcpServersResponse {
-            revision: change.change.revision,
-            ..Default::default()
-        };
-    }
-    let mut message = pb::WatchMcpServersResponse::from(&change.change);
-    if let Some(server) = &change.server {
-        message
-            .servers
-            .push((&masked(server.as_ref().clone())).into());
-    }
-    message
-}
-
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchMcpServersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -251,7 +121,7 @@ impl McpRegistryService for GrpcService {
         request: Request<pb::ListMcpServersRequest>,
     ) -> Result<Response<pb::ListMcpServersResponse>, Status> {
         // The registry's listener answers this call with the encoded head
-        // before it gets here ([`encoded_list_route`]); this path serves other
+        // before it gets here ([`crate::encoded`]); this path serves other
         // embeddings of the service.
         let role = self.role(&request, Need::Reader)?;
         let head = self.state.feed.head().await?;
@@ -299,8 +169,7 @@ impl McpRegistryService for GrpcService {
             .await?;
         let secrets = role.reads_literals_over_grpc();
         let stream = ReceiverStream::new(events).map(move |event| match event {
-            Ok(WatchEvent::Change(change)) if secrets => Ok(change.message()),
-            Ok(WatchEvent::Change(change)) => Ok(masked_change(&change)),
+            Ok(WatchEvent::Change(change)) => Ok(watch_message(&change, !secrets)),
             Ok(WatchEvent::Heartbeat(revision)) => Ok(pb::WatchMcpServersResponse {
                 revision,
                 heartbeat: true,

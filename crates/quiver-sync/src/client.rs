@@ -2,15 +2,15 @@
 //! the sync makes, with timeouts and conversion to domain types.
 
 use std::future::Future;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use quiver_model::StoredServer;
 use quiver_model::access::StoredAccess;
 use quiver_proto::credentials::Credentials;
 use quiver_proto::v1 as pb;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::{SyncError, SyncOptions};
 
@@ -20,8 +20,14 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 type Client = quiver_proto::credentials::RegistryClient;
 
-/// Builds clients of the replica being followed; every client of the sync
-/// gets its own lazily connected channel.
+/// Builds clients of the replica being followed. Every call of the sync to
+/// one replica (list, watch, fetches, status reports, approvals, OAuth,
+/// sessions, usage) shares one HTTP/2 connection: a registry holds one
+/// connection per worker, not one per kind of call. Its connection cap and
+/// descriptors are sized by workers, and a second, mostly idle connection
+/// per worker is what the cap sheds first (issue #28: at 10,000 workers the
+/// 20,000 connections passed the cap, and closing the oldest idle ones broke
+/// other clients' calls).
 pub(crate) struct Connector {
     /// One per replica, in the configured order.
     replicas: Vec<Replica>,
@@ -34,16 +40,10 @@ pub(crate) struct Connector {
 struct Replica {
     url: String,
     endpoint: Endpoint,
-    /// The status reporter's client: one channel that reconnects by itself.
-    reporting: OnceLock<RegistryClient>,
-    /// The approvals client, likewise.
-    approvals: OnceLock<quiver_proto::credentials::ApprovalClient>,
-    /// The OAuth token client, likewise.
-    oauth: OnceLock<quiver_proto::credentials::OAuthClient>,
-    /// The gateway-session revocation client, likewise.
-    sessions: OnceLock<quiver_proto::credentials::SessionClient>,
-    /// The rate-limit and usage client, likewise.
-    usage: OnceLock<quiver_proto::credentials::UsageClient>,
+    /// The sync's connection to this replica, made on first use (a
+    /// channel needs the runtime; building a sync does not). It reconnects
+    /// by itself, and [`Connector::reconnect`] replaces it.
+    channel: Mutex<Option<Channel>>,
 }
 
 impl Connector {
@@ -60,11 +60,7 @@ impl Connector {
                 Ok(Replica {
                     url: url.clone(),
                     endpoint: endpoint(url, options)?,
-                    reporting: OnceLock::new(),
-                    approvals: OnceLock::new(),
-                    oauth: OnceLock::new(),
-                    sessions: OnceLock::new(),
-                    usage: OnceLock::new(),
+                    channel: Mutex::new(None),
                 })
             })
             .collect::<Result<Vec<_>, SyncError>>()?;
@@ -97,11 +93,35 @@ impl Connector {
         &self.replicas[next].url
     }
 
-    fn client_on(&self, endpoint: &Endpoint) -> RegistryClient {
+    /// The connection to the replica being followed.
+    fn channel(&self) -> Channel {
+        let replica = self.replica();
+        replica
+            .channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| replica.endpoint.connect_lazy())
+            .clone()
+    }
+
+    /// Replaces the connection to the replica being followed, after the
+    /// follow loop failed on it: the next attempt must not inherit a
+    /// connection in an unknown state (half-open, stalled). Calls in flight
+    /// finish on the old one.
+    pub(crate) fn reconnect(&self) {
+        self.replica()
+            .channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    /// A client of the replica being followed.
+    pub(crate) fn client(&self) -> RegistryClient {
         let client = self
             .credentials
             .clone()
-            .client(endpoint.connect_lazy())
+            .client(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         RegistryClient {
             client,
@@ -109,42 +129,15 @@ impl Connector {
         }
     }
 
-    /// A client of the replica being followed, on a fresh channel: after a
-    /// failure the next attempt must not inherit a connection in an unknown
-    /// state.
-    pub(crate) fn client(&self) -> RegistryClient {
-        self.client_on(&self.replica().endpoint)
-    }
-
-    /// The status reporter's client of the replica being followed (one
-    /// channel per replica, kept).
-    pub(crate) fn reporting_client(&self) -> RegistryClient {
-        let replica = self.replica();
-        replica
-            .reporting
-            .get_or_init(|| self.client_on(&replica.endpoint))
-            .clone()
-    }
-}
-
-impl Connector {
-    /// The replica's client of one service, made on first use: one channel
-    /// per replica and service that reconnects by itself.
-    fn client_of<C: Clone>(
-        &self,
-        cell: impl FnOnce(&Replica) -> &OnceLock<C>,
-        make: impl FnOnce(Credentials, tonic::transport::Channel) -> C,
-    ) -> C {
-        let replica = self.replica();
-        cell(replica)
-            .get_or_init(|| make(self.credentials.clone(), replica.endpoint.connect_lazy()))
-            .clone()
+    /// A client of one service of the replica being followed.
+    fn client_of<C>(&self, make: impl FnOnce(Credentials, Channel) -> C) -> C {
+        make(self.credentials.clone(), self.channel())
     }
 
     /// The rate-limit and usage client of the replica the sync follows
     /// (its calls bounded by the caller: [`Connector::bounded_by`]).
     pub(crate) fn usage_client(&self) -> quiver_proto::credentials::UsageClient {
-        self.client_of(|replica| &replica.usage, Credentials::usage_client)
+        self.client_of(Credentials::usage_client)
     }
 
     /// Runs one approvals call on the replica the sync follows, within the
@@ -158,7 +151,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::ApprovalClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let client = self.client_of(|replica| &replica.approvals, Credentials::approval_client);
+        let client = self.client_of(Credentials::approval_client);
         self.bounded(call, request(client)).await
     }
 
@@ -173,7 +166,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::OAuthClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let client = self.client_of(|replica| &replica.oauth, Credentials::oauth_client);
+        let client = self.client_of(Credentials::oauth_client);
         // A token request may wait for another replica's refresh and then
         // refresh itself (registry: lease wait plus token request).
         let timeout = self.request_timeout.max(OAUTH_CALL_TIMEOUT);
@@ -193,7 +186,7 @@ impl Connector {
         F: FnOnce(quiver_proto::credentials::SessionClient) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let client = self.client_of(|replica| &replica.sessions, Credentials::session_client);
+        let client = self.client_of(Credentials::session_client);
         self.bounded_by(call, timeout, request(client)).await
     }
 

@@ -68,7 +68,15 @@ impl Follower {
                 "registry revision went backwards; adopting the registry's state"
             );
         }
-        let mut follower = Follower {
+        let mut follower = Follower::resume(shared);
+        follower.adopt(listed);
+        follower
+    }
+
+    /// Continues from the published snapshot (a watch resumed after it).
+    pub(crate) fn resume(shared: Arc<Shared>) -> Self {
+        let published = shared.current();
+        Follower {
             shared,
             working: published.servers.clone(),
             working_access: published.access.clone(),
@@ -78,9 +86,7 @@ impl Follower {
             awaiting_delete: BTreeSet::new(),
             touched: BTreeSet::new(),
             deferred: 0,
-        };
-        follower.adopt(listed);
-        follower
+        }
     }
 
     pub(crate) fn applied(&self) -> u64 {

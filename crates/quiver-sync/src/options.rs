@@ -29,6 +29,10 @@ pub struct SyncOptions {
     pub backoff_min: Duration,
     /// Cap of the reconnect delay, jitter included.
     pub backoff_max: Duration,
+    /// Moving on to the next replica waits a random delay up to this long:
+    /// the workers of a replica that died all notice at once, and must not
+    /// all arrive at the next one in the same instant.
+    pub failover_spread: Duration,
     /// Period of status reports (R-SYNC-7).
     pub report_interval: Duration,
     /// TCP + HTTP/2 connect timeout.
@@ -52,6 +56,7 @@ impl Default for SyncOptions {
             poll_interval: (Duration::from_secs(30), Duration::from_secs(120)),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(10),
+            failover_spread: Duration::from_secs(1),
             report_interval: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
@@ -71,6 +76,7 @@ impl fmt::Debug for SyncOptions {
             .field("poll_interval", &self.poll_interval)
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)
+            .field("failover_spread", &self.failover_spread)
             .field("report_interval", &self.report_interval)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)

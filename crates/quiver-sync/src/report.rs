@@ -30,6 +30,8 @@ where
 /// long: during a burst of registry writes every worker would otherwise
 /// report every snapshot, competing with the fetches that apply them.
 const SETTLE: Duration = Duration::from_millis(500);
+/// The settle period is drawn from 1 to this many times [`SETTLE`].
+const SETTLE_SPREAD: f64 = 4.0;
 
 pub(crate) struct Reporter {
     pub(crate) shared: Arc<Shared>,
@@ -44,8 +46,13 @@ pub(crate) struct Reporter {
 impl Reporter {
     /// Reports forever; the caller cancels by dropping the future.
     pub(crate) async fn run(self) {
-        let settle = SETTLE.min(self.interval);
         loop {
+            // A fleet sees a change at once: its reports are spread over a
+            // few settle periods rather than all landing on the registry
+            // together, and on the fan-out of the next change (issue #28).
+            let settle = SETTLE
+                .mul_f64(rand::rng().random_range(1.0..=SETTLE_SPREAD))
+                .min(self.interval);
             let periodic = Instant::now() + self.jittered_interval();
             tokio::select! {
                 () = sleep_until(periodic) => {}
@@ -85,7 +92,7 @@ impl Reporter {
             key_uses: self.key_uses.take(),
         };
         let key_uses = request.key_uses.clone();
-        match self.connector.reporting_client().report(request).await {
+        match self.connector.client().report(request).await {
             Ok(response) => tracing::trace!(head = response.head_revision, "status reported"),
             Err(err) if !key_uses.is_empty() => {
                 tracing::warn!(error = %err, "status report failed; key uses kept for the next");

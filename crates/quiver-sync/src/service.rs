@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::future::try_join_all;
+use quiver_proto::v1 as pb;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
 
 use crate::client::{Connector, RegistryClient, convert};
 use crate::follow::{Follower, Plan};
@@ -129,16 +131,20 @@ impl SyncService {
         let mut backoff = self.backoff();
         // Consecutive failures without an established watch.
         let mut failures = 0usize;
+        // Whether the last attempt may be resumed ([`resumable`]).
+        let mut resume = false;
         loop {
             let mut established = false;
             let from = self.connector.current_url().to_owned();
-            let Err(err) = self.follow(&mut established).await;
+            let Err(err) = self.follow(&mut established, resume).await;
+            resume = resumable(&err);
             if established {
                 backoff = self.backoff();
                 failures = 0;
             }
             failures += 1;
             self.shared.set_degraded(&err);
+            self.connector.reconnect();
             let replicas = self.connector.replicas();
             if replicas > 1 {
                 let to = self.connector.fail_over().to_owned();
@@ -146,6 +152,9 @@ impl SyncService {
                 tracing::warn!(error = %err, from = %from, to = %to, revision = self.shared.current().revision, "registry replica failed; following the next one");
                 self.shared.set_registry(&to);
                 if !failures.is_multiple_of(replicas) {
+                    // The workers of a replica that died all notice at
+                    // once: spread their arrival at the next one.
+                    tokio::time::sleep(self.failover_delay()).await;
                     continue;
                 }
             }
@@ -165,18 +174,24 @@ impl SyncService {
         }
     }
 
+    fn failover_delay(&self) -> Duration {
+        let spread = self.options.failover_spread;
+        if spread.is_zero() {
+            return spread;
+        }
+        rand::rng().random_range(Duration::ZERO..=spread)
+    }
+
     fn next_poll(&self) -> Instant {
         let (min, max) = self.options.poll_interval;
         Instant::now() + rand::rng().random_range(min..=max)
     }
 
-    /// One connection: list, watch from the list's revision, apply events
-    /// until something fails. Sets `established` once the watch is open.
-    async fn follow(&self, established: &mut bool) -> Result<Infallible, SyncError> {
+    /// One connection: open the watch ([`Self::open`]), apply events until
+    /// something fails. Sets `established` once the watch is open.
+    async fn follow(&self, established: &mut bool, resume: bool) -> Result<Infallible, SyncError> {
         let client = self.connector.client();
-        let listed = client.list().await?;
-        let mut follower = Follower::from_list(self.shared.clone(), listed);
-        let mut stream = client.watch(follower.applied()).await?;
+        let (mut follower, mut stream) = self.open(&client, resume).await?;
         *established = true;
         self.shared.clear_degraded();
 
@@ -218,13 +233,60 @@ impl SyncService {
             follower.publish_if_consistent();
         }
     }
+
+    /// Resumes watching from the published revision when `resume` (the
+    /// last attempt lost its connection, not its consistency) and a
+    /// snapshot is held: the registry replays what was missed, so a
+    /// reconnect or a failover costs one watch, not a full list (a
+    /// replica's death moves its workers without relisting them all).
+    /// Otherwise, or when the registry cannot resume from there (compacted
+    /// past it, or behind it: a database restored from a backup), lists and
+    /// watches from the list's revision.
+    async fn open(
+        &self,
+        client: &RegistryClient,
+        resume: bool,
+    ) -> Result<(Follower, Streaming<pb::WatchMcpServersResponse>), SyncError> {
+        if resume && self.shared.is_ready() {
+            let follower = Follower::resume(self.shared.clone());
+            match client.watch(follower.applied()).await {
+                Ok(stream) => return Ok((follower, stream)),
+                Err(err) if err.code() == Some(tonic::Code::FailedPrecondition) => {
+                    tracing::info!(error = %err, "cannot resume the watch; listing instead");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let follower = Follower::from_list(self.shared.clone(), client.list().await?);
+        let stream = client.watch(follower.applied()).await?;
+        Ok((follower, stream))
+    }
+}
+
+/// Whether the next attempt may resume the watch where the last one was
+/// instead of listing everything again: yes unless the registry's answers
+/// themselves broke the follower's trust (a gap in the revisions, a record
+/// it cannot read, a watch refused from that revision). A lost connection
+/// shows as many codes (`UNAVAILABLE`, `INTERNAL` for a reset stream,
+/// `UNKNOWN`, a timeout, a stream that ended or went silent), so it is
+/// told by what it is not.
+fn resumable(err: &SyncError) -> bool {
+    !matches!(
+        err,
+        SyncError::RevisionGap { .. }
+            | SyncError::Conversion { .. }
+            | SyncError::Rpc {
+                code: tonic::Code::FailedPrecondition,
+                ..
+            }
+    )
 }
 
 /// The records an event needs: those it carries (as of its revision), the
 /// rest (an older registry, a replay beyond its cache) with `GetMcpServer`.
 async fn fetch(
     client: &RegistryClient,
-    event: &quiver_proto::v1::WatchMcpServersResponse,
+    event: &pb::WatchMcpServersResponse,
     ids: Vec<String>,
 ) -> Result<Vec<(String, Option<quiver_model::StoredServer>)>, SyncError> {
     let mut records = Vec::with_capacity(ids.len());
