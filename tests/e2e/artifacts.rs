@@ -12,117 +12,79 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream};
+use quiver_testkit::upstream::{Reply, Script};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{
-    ADMIN, Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, everything_record, injected,
-    registry, sqlite,
-};
+use crate::harness::{CALLER, everything_record, injected, metrics_text};
 use crate::openai_sdk::sdk_python;
+use crate::stack::{Stack, StackBuilder};
 
 /// A second caller token (task `plain`, without vision by default).
 const OTHER: &str = "e2e-other-caller-token";
 
-/// A registry with `record`, and a worker with `config` as its config file
-/// (plus a `plain` task for [`OTHER`]) and `upstream` as its chat upstream.
-struct Stack {
-    _dir: TempDir,
-    _registry: RegistryProcess,
-    worker: WorkerProcess,
+/// A stack with `record`, and a worker with `config` as its config file
+/// (plus a `plain` task for [`OTHER`]).
+fn builder(record: Value, config: &str) -> StackBuilder {
+    Stack::builder().record(record).worker_config(&format!(
+        "{config}\n[[callers]]\ntoken = \"{OTHER}\"\ntask = \"plain\"\n\n[tasks.plain]\n"
+    ))
 }
 
-impl Stack {
-    async fn start(record: Value, config: &str, upstream: Option<&ScriptedUpstream>) -> Stack {
-        let (dir, db_url) = sqlite();
-        let path = dir.path().join("worker.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "{config}\n[[callers]]\ntoken = \"{OTHER}\"\ntask = \"plain\"\n\n[tasks.plain]\n"
-            ),
-        )
-        .expect("worker config");
-        let registry = registry(&db_url, None).await;
-        let revision = Admin::new(&registry, ADMIN).upsert(record).await;
-        let mut args = vec![
-            "--config".to_owned(),
-            path.to_str().expect("utf-8 path").to_owned(),
-        ];
-        if let Some(upstream) = upstream {
-            args.extend(["--upstream-url".to_owned(), upstream.base_url()]);
-        }
-        let worker = WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &args).await;
-        worker.synced(revision, Duration::from_secs(10)).await;
-        Stack {
-            _dir: dir,
-            _registry: registry,
-            worker,
-        }
-    }
+async fn call(stack: &Stack, token: &str, name: &str, arguments: Value) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/mcp/tools/call", stack.worker.url()))
+        .bearer_auth(token)
+        .json(&json!({"name": name, "arguments": arguments}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("POST /v1/mcp/tools/call");
+    let status = response.status();
+    (status, response.json().await.expect("JSON answer"))
+}
 
-    async fn call(&self, token: &str, name: &str, arguments: Value) -> (StatusCode, Value) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/v1/mcp/tools/call", self.worker.url()))
-            .bearer_auth(token)
-            .json(&json!({"name": name, "arguments": arguments}))
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await
-            .expect("POST /v1/mcp/tools/call");
-        let status = response.status();
-        (status, response.json().await.expect("JSON answer"))
+/// `GET url` with `token`: status, content type, body.
+async fn fetch(stack: &Stack, url: &str, token: Option<&str>) -> (StatusCode, String, Vec<u8>) {
+    let mut request = reqwest::Client::new().get(format!("{}{url}", stack.worker.url()));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
     }
+    let response = request.send().await.expect("GET artifact");
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = response.bytes().await.expect("body").to_vec();
+    (status, content_type, body)
+}
 
-    /// `GET url` with `token`: status, content type, body.
-    async fn fetch(&self, url: &str, token: Option<&str>) -> (StatusCode, String, Vec<u8>) {
-        let mut request = reqwest::Client::new().get(format!("{}{url}", self.worker.url()));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.expect("GET artifact");
-        let status = response.status();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let body = response.bytes().await.expect("body").to_vec();
-        (status, content_type, body)
-    }
+async fn chat(stack: &Stack, token: &str, mcp: Value) -> Value {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", stack.worker.url()))
+        .bearer_auth(token)
+        .json(&json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "Show me the logo"}],
+            "mcp": mcp,
+        }))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(response.status(), StatusCode::OK);
+    response.json().await.expect("chat JSON")
+}
 
-    async fn chat(&self, token: &str, mcp: Value) -> Value {
-        let response = reqwest::Client::new()
-            .post(format!("{}/v1/chat/completions", self.worker.url()))
-            .bearer_auth(token)
-            .json(&json!({
-                "model": "m",
-                "messages": [{"role": "user", "content": "Show me the logo"}],
-                "mcp": mcp,
-            }))
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await
-            .expect("chat");
-        assert_eq!(response.status(), StatusCode::OK);
-        response.json().await.expect("chat JSON")
-    }
-
-    async fn metric(&self, name: &str) -> Option<f64> {
-        let text = reqwest::get(format!("{}/metrics", self.worker.url()))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        text.lines()
-            .filter(|line| line.starts_with(name))
-            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .reduce(|a, b| a + b)
-    }
+async fn metric(stack: &Stack, name: &str) -> Option<f64> {
+    let text = metrics_text(&format!("{}/metrics", stack.worker.url())).await;
+    text.lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
 }
 
 /// The text items of a tool API answer.
@@ -137,10 +99,16 @@ fn texts(body: &Value) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_tiny_image_is_an_artifact_served_to_its_caller_only() {
-    let stack = Stack::start(everything_record("everything", &["*"]), "", None).await;
-    let (status, body) = stack
-        .call(CALLER, &injected("everything", "get-tiny-image"), json!({}))
+    let stack = builder(everything_record("everything", &["*"]), "")
+        .start()
         .await;
+    let (status, body) = call(
+        &stack,
+        CALLER,
+        &injected("everything", "get-tiny-image"),
+        json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["is_error"], false, "{body}");
     let artifacts = body["artifacts"].as_array().expect("artifacts listed");
@@ -177,38 +145,42 @@ async fn get_tiny_image_is_an_artifact_served_to_its_caller_only() {
     );
 
     // Its caller gets the PNG.
-    let (status, content_type, png) = stack.fetch(url, Some(CALLER)).await;
+    let (status, content_type, png) = fetch(&stack, url, Some(CALLER)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(content_type, "image/png");
     assert_eq!(png.len() as u64, bytes);
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
     // Another caller token: not found; no token: unauthenticated.
-    let (status, _, body) = stack.fetch(url, Some(OTHER)).await;
+    let (status, _, body) = fetch(&stack, url, Some(OTHER)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let body: Value = serde_json::from_slice(&body).expect("error JSON");
     assert_eq!(body["error"]["code"], "not_found", "{body}");
-    let (status, _, body) = stack.fetch(url, None).await;
+    let (status, _, body) = fetch(&stack, url, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let body: Value = serde_json::from_slice(&body).expect("error JSON");
     assert_eq!(body["error"]["code"], "unauthenticated", "{body}");
-    let (status, _, _) = stack.fetch(url, Some("not-a-caller")).await;
+    let (status, _, _) = fetch(&stack, url, Some("not-a-caller")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     // A forged signature is no credential.
-    let (status, _, _) = stack.fetch(&format!("{url}?caller=0&sig=00"), None).await;
+    let (status, _, _) = fetch(&stack, &format!("{url}?caller=0&sig=00"), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     // The other caller's own call of the same image is its own artifact.
-    let (status, body) = stack
-        .call(OTHER, &injected("everything", "get-tiny-image"), json!({}))
-        .await;
+    let (status, body) = call(
+        &stack,
+        OTHER,
+        &injected("everything", "get-tiny-image"),
+        json!({}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["artifacts"][0]["id"], id, "content-addressed");
-    let (status, _, other) = stack.fetch(url, Some(OTHER)).await;
+    let (status, _, other) = fetch(&stack, url, Some(OTHER)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(other, png);
 
-    assert!(stack.metric("quiver_artifacts_stored_total").await >= Some(2.0));
+    assert!(metric(&stack, "quiver_artifacts_stored_total").await >= Some(2.0));
     assert_eq!(
-        stack.metric("quiver_artifacts_bytes").await,
+        metric(&stack, "quiver_artifacts_bytes").await,
         Some(2.0 * bytes as f64)
     );
 }
@@ -221,7 +193,13 @@ fn messages(body: &Value) -> &Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vision_requests_carry_the_image_and_others_a_note() {
     let tiny = injected("everything", "get-tiny-image");
-    let upstream = ScriptedUpstream::start(Script::sequence([
+    // Task `default` (CALLER) shows images by default; task `plain` (OTHER)
+    // only when the request asks.
+    let stack = builder(
+        everything_record("everything", &["get-tiny-image"]),
+        "[tasks.default]\nvision = true\n",
+    )
+    .upstream(Script::sequence([
         Reply::tool_call("c1", &tiny, json!({})),
         Reply::text("the MCP logo"),
         Reply::tool_call("c2", &tiny, json!({})),
@@ -229,36 +207,27 @@ async fn vision_requests_carry_the_image_and_others_a_note() {
         Reply::tool_call("c3", &tiny, json!({})),
         Reply::text("the MCP logo again"),
     ]))
-    .await;
-    // Task `default` (CALLER) shows images by default; task `plain` (OTHER)
-    // only when the request asks.
-    let stack = Stack::start(
-        everything_record("everything", &["get-tiny-image"]),
-        "[tasks.default]\nvision = true\n",
-        Some(&upstream),
-    )
+    .start()
     .await;
 
     // 1. `mcp.vision: true` in the request.
-    let body = stack
-        .chat(OTHER, json!({"enabled": true, "vision": true}))
-        .await;
+    let body = chat(&stack, OTHER, json!({"enabled": true, "vision": true})).await;
     assert_eq!(body["mcp"]["stop_reason"], "completed", "{body}");
     assert_eq!(body["mcp"]["calls"][0]["status"], "ok", "{body}");
     // 2. No vision: a text note only.
-    let body = stack.chat(OTHER, json!({"enabled": true})).await;
+    let body = chat(&stack, OTHER, json!({"enabled": true})).await;
     assert_eq!(
         body["choices"][0]["message"]["content"],
         "an image was produced"
     );
     // 3. The task's default.
-    let body = stack.chat(CALLER, json!({"enabled": true})).await;
+    let body = chat(&stack, CALLER, json!({"enabled": true})).await;
     assert_eq!(
         body["choices"][0]["message"]["content"],
         "the MCP logo again"
     );
 
-    let requests = upstream.requests();
+    let requests = stack.upstream().requests();
     assert_eq!(requests.len(), 6);
     for (follow_up, call_id, vision) in [(1, "c1", true), (3, "c2", false), (5, "c3", true)] {
         let messages = messages(&requests[follow_up].body);
@@ -297,9 +266,7 @@ async fn vision_requests_carry_the_image_and_others_a_note() {
             .find(|word| word.len() == 64 && word.bytes().all(|b| b.is_ascii_hexdigit()))
             .expect("the artifact id in the note");
         let token = if call_id == "c1" { OTHER } else { CALLER };
-        let (status, _, fetched) = stack
-            .fetch(&format!("/v1/artifacts/{id}"), Some(token))
-            .await;
+        let (status, _, fetched) = fetch(&stack, &format!("/v1/artifacts/{id}"), Some(token)).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(fetched, png);
     }
@@ -308,21 +275,18 @@ async fn vision_requests_carry_the_image_and_others_a_note() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vision_with_artifact_urls_hands_the_model_a_signed_url() {
     let tiny = injected("everything", "get-tiny-image");
-    let upstream = ScriptedUpstream::start(Script::sequence([
+    let stack = builder(
+        everything_record("everything", &["get-tiny-image"]),
+        "[artifacts]\nvision_url = \"artifact\"\n",
+    )
+    .upstream(Script::sequence([
         Reply::tool_call("c1", &tiny, json!({})),
         Reply::text("the MCP logo"),
     ]))
+    .start()
     .await;
-    let stack = Stack::start(
-        everything_record("everything", &["get-tiny-image"]),
-        "[artifacts]\nvision_url = \"artifact\"\n",
-        Some(&upstream),
-    )
-    .await;
-    stack
-        .chat(CALLER, json!({"enabled": true, "vision": true}))
-        .await;
-    let requests = upstream.requests();
+    chat(&stack, CALLER, json!({"enabled": true, "vision": true})).await;
+    let requests = stack.upstream().requests();
     let messages = messages(&requests[1].body);
     let image = messages.last().expect("the image message");
     assert_eq!(image["role"], "user", "{image}");
@@ -338,13 +302,13 @@ async fn vision_with_artifact_urls_hands_the_model_a_signed_url() {
         "{path}"
     );
     // The provider has no caller token: the signature is the credential.
-    let (status, content_type, png) = stack.fetch(path, None).await;
+    let (status, content_type, png) = fetch(&stack, path, None).await;
     assert_eq!(
         (status, content_type.as_str()),
         (StatusCode::OK, "image/png")
     );
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    let (status, _, _) = stack.fetch(&format!("{path}00"), None).await;
+    let (status, _, _) = fetch(&stack, &format!("{path}00"), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -363,18 +327,17 @@ fn images_record() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
-    let stack = Stack::start(
+    let stack = builder(
         images_record(),
         "[artifacts]\nmax_total_bytes = 3000\nmax_caller_bytes = 3000\nmax_item_bytes = 1500\n",
-        None,
     )
+    .start()
     .await;
     let image = injected("images", "image");
     let mut urls = Vec::new();
     for seed in 1..=4 {
-        let (status, body) = stack
-            .call(CALLER, &image, json!({"seed": seed, "size": 1000}))
-            .await;
+        let (status, body) =
+            call(&stack, CALLER, &image, json!({"seed": seed, "size": 1000})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert!(body.get("truncated").is_none(), "{body}");
         assert_eq!(body["artifacts"][0]["bytes"], 1000, "{body}");
@@ -386,10 +349,10 @@ async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
         );
     }
     // Three fit: the first went when the fourth came.
-    let (status, _, _) = stack.fetch(&urls[0], Some(CALLER)).await;
+    let (status, _, _) = fetch(&stack, &urls[0], Some(CALLER)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     for url in &urls[1..] {
-        let (status, content_type, bytes) = stack.fetch(url, Some(CALLER)).await;
+        let (status, content_type, bytes) = fetch(&stack, url, Some(CALLER)).await;
         assert_eq!(
             (status, content_type.as_str()),
             (StatusCode::OK, "image/png")
@@ -397,9 +360,7 @@ async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
         assert_eq!(bytes.len(), 1000);
     }
     // Over the item limit: still a result, with a note naming the limit.
-    let (status, body) = stack
-        .call(CALLER, &image, json!({"seed": 9, "size": 2000}))
-        .await;
+    let (status, body) = call(&stack, CALLER, &image, json!({"seed": 9, "size": 2000})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["is_error"], false, "{body}");
     assert!(body.get("artifacts").is_none(), "{body}");
@@ -412,12 +373,12 @@ async fn a_full_store_drops_the_oldest_and_calls_never_fail() {
     );
     // Nothing was evicted for it.
     for url in &urls[1..] {
-        let (status, _, _) = stack.fetch(url, Some(CALLER)).await;
+        let (status, _, _) = fetch(&stack, url, Some(CALLER)).await;
         assert_eq!(status, StatusCode::OK);
     }
-    assert_eq!(stack.metric("quiver_artifacts_bytes").await, Some(3000.0));
+    assert_eq!(metric(&stack, "quiver_artifacts_bytes").await, Some(3000.0));
     assert_eq!(
-        stack.metric("quiver_artifacts_evicted_total").await,
+        metric(&stack, "quiver_artifacts_evicted_total").await,
         Some(1.0)
     );
 }
@@ -446,16 +407,16 @@ fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn active_content_is_an_attachment_and_an_id_keeps_its_type() {
-    let stack = Stack::start(images_record(), "", None).await;
+    let stack = builder(images_record(), "").start().await;
     let image = injected("images", "image");
     let store = async |mime: &str, text: &str| {
-        let (status, body) = stack
-            .call(
-                CALLER,
-                &image,
-                json!({"seed": 1, "size": 1, "mime": mime, "text": text}),
-            )
-            .await;
+        let (status, body) = call(
+            &stack,
+            CALLER,
+            &image,
+            json!({"seed": 1, "size": 1, "mime": mime, "text": text}),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["artifacts"][0]["mime_type"], mime, "{body}");
         body["artifacts"][0]["url"]
@@ -503,17 +464,15 @@ async fn active_content_is_an_attachment_and_an_id_keeps_its_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_over_its_share_evicts_only_its_own_artifacts() {
-    let stack = Stack::start(
+    let stack = builder(
         images_record(),
         "[artifacts]\nmax_total_bytes = 4000\nmax_caller_bytes = 2000\nmax_item_bytes = 1000\n",
-        None,
     )
+    .start()
     .await;
     let image = injected("images", "image");
     let store = async |token: &str, seed: u32| {
-        let (status, body) = stack
-            .call(token, &image, json!({"seed": seed, "size": 1000}))
-            .await;
+        let (status, body) = call(&stack, token, &image, json!({"seed": seed, "size": 1000})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body["artifacts"][0]["url"]
             .as_str()
@@ -530,11 +489,11 @@ async fn a_caller_over_its_share_evicts_only_its_own_artifacts() {
         mine.push(store(CALLER, seed).await);
     }
     for url in &others {
-        let (status, _, _) = stack.fetch(url, Some(OTHER)).await;
+        let (status, _, _) = fetch(&stack, url, Some(OTHER)).await;
         assert_eq!(status, StatusCode::OK, "the other caller's {url}");
     }
     for (at, url) in mine.iter().enumerate() {
-        let (status, _, _) = stack.fetch(url, Some(CALLER)).await;
+        let (status, _, _) = fetch(&stack, url, Some(CALLER)).await;
         let expected = if at >= 8 {
             StatusCode::OK
         } else {
@@ -542,9 +501,9 @@ async fn a_caller_over_its_share_evicts_only_its_own_artifacts() {
         };
         assert_eq!(status, expected, "own artifact #{at}");
     }
-    assert_eq!(stack.metric("quiver_artifacts_bytes").await, Some(4000.0));
+    assert_eq!(metric(&stack, "quiver_artifacts_bytes").await, Some(4000.0));
     assert_eq!(
-        stack.metric("quiver_artifacts_evicted_total").await,
+        metric(&stack, "quiver_artifacts_evicted_total").await,
         Some(8.0)
     );
 }

@@ -7,102 +7,72 @@ use std::time::{Duration, Instant};
 
 use quiver_testkit::upstream::{
     COMPLETION_TOKENS_PER_ITEM, PROMPT_TOKENS_PER_MESSAGE, Reply, Script, ScriptedToolCall,
-    ScriptedUpstream,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sse_stream::SseStream;
-use tempfile::TempDir;
 
-use crate::harness::{Admin, RegistryProcess, WorkerProcess};
-use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
+use crate::stack::Stack;
+use crate::worker::{CALLER, injected, stdio_record};
 
 /// The test server's record id in these tests.
 const TK: &str = "tk";
 
-/// Registry, one stdio record, a scripted upstream and a worker using it.
-struct ChatStack {
-    _registry: RegistryProcess,
-    upstream: ScriptedUpstream,
-    worker: WorkerProcess,
-    http: reqwest::Client,
-    _dir: TempDir,
+/// A stack with the test server as [`TK`] (its `allowed` tools enabled)
+/// and `script` as the upstream, once the worker lists the server's tools.
+async fn start(script: Script, allowed: &[&str]) -> Stack {
+    Stack::builder()
+        .record(stdio_record(TK, allowed))
+        .upstream(script)
+        .tools_listed(1)
+        .start()
+        .await
 }
 
-impl ChatStack {
-    /// `allowed` tools of the test server are enabled; `worker_args` are
-    /// added to the worker's command line.
-    async fn start(script: Script, allowed: &[&str], worker_args: &[&str]) -> ChatStack {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db_url = format!("sqlite://{}", dir.path().join("quiver.db").display());
-        let registry = registry(&db_url, None).await;
-        Admin::new(&registry, ADMIN)
-            .upsert(stdio_record(TK, allowed))
-            .await;
-        let upstream = ScriptedUpstream::start(script).await;
-        let mut args = vec!["--upstream-url".to_owned(), upstream.base_url()];
-        args.extend(worker_args.iter().map(|a| (*a).to_owned()));
-        let worker = WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &args).await;
-        let stack = ChatStack {
-            _registry: registry,
-            upstream,
-            worker,
-            http: reqwest::Client::new(),
-            _dir: dir,
-        };
-        // The record is in the worker's snapshot once its tools are listed.
-        crate::harness::eventually(Duration::from_secs(10), "tools listed", || async {
-            (!stack.worker.tools().await.is_empty()).then_some(())
-        })
-        .await;
-        stack
-    }
+fn post(stack: &Stack, body: &Value) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", stack.worker.url()))
+        .bearer_auth(CALLER)
+        .json(body)
+}
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
-        self.http
-            .post(format!("{}/v1/chat/completions", self.worker.url()))
-            .bearer_auth(CALLER)
-            .json(body)
-    }
+/// A non-streaming chat request: status and JSON body.
+async fn chat(stack: &Stack, body: Value) -> (StatusCode, Value) {
+    let response = post(stack, &body).send().await.expect("chat request");
+    let status = response.status();
+    let bytes = response.bytes().await.expect("chat body");
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
 
-    /// A non-streaming chat request: status and JSON body.
-    async fn chat(&self, body: Value) -> (StatusCode, Value) {
-        let response = self.post(&body).send().await.expect("chat request");
-        let status = response.status();
-        let bytes = response.bytes().await.expect("chat body");
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    /// A streaming chat request: every `data:` payload, `[DONE]` included.
-    async fn chat_stream(&self, body: Value) -> (StatusCode, Vec<String>) {
-        let response = self.post(&body).send().await.expect("chat request");
-        let status = response.status();
-        let mut events = SseStream::from_bytes_stream(response.bytes_stream());
-        let mut data = Vec::new();
-        while let Some(event) = futures::StreamExt::next(&mut events).await {
-            if let Some(payload) = event.expect("sse event").data {
-                data.push(payload);
-            }
+/// A streaming chat request: every `data:` payload, `[DONE]` included.
+async fn chat_stream(stack: &Stack, body: Value) -> (StatusCode, Vec<String>) {
+    let response = post(stack, &body).send().await.expect("chat request");
+    let status = response.status();
+    let mut events = SseStream::from_bytes_stream(response.bytes_stream());
+    let mut data = Vec::new();
+    while let Some(event) = futures::StreamExt::next(&mut events).await {
+        if let Some(payload) = event.expect("sse event").data {
+            data.push(payload);
         }
-        (status, data)
     }
+    (status, data)
+}
 
-    /// Tool calls the test server received (`stats` itself excluded).
-    async fn server_calls(&self) -> u64 {
-        self.server_stats().await["calls"].as_u64().expect("calls")
-    }
+/// Tool calls the test server received (`stats` itself excluded).
+async fn server_calls(stack: &Stack) -> u64 {
+    server_stats(stack).await["calls"].as_u64().expect("calls")
+}
 
-    /// The test server's counters, read through the worker's tool API.
-    async fn server_stats(&self) -> Value {
-        let text = self
-            .worker
-            .call_text(&injected(TK, "stats"), json!({}))
-            .await;
-        serde_json::from_str(&text).expect("stats JSON")
-    }
+/// The test server's counters, read through the worker's tool API.
+async fn server_stats(stack: &Stack) -> Value {
+    let text = stack
+        .worker
+        .call_text(&injected(TK, "stats"), json!({}))
+        .await;
+    serde_json::from_str(&text).expect("stats JSON")
 }
 
 fn user(text: &str) -> Value {
@@ -143,16 +113,14 @@ fn error_code(tool_message: &Value) -> String {
 
 #[tokio::test]
 async fn mcp_is_off_by_default_and_the_body_passes_unchanged() {
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([Reply::text("plain"), Reply::text("again")]),
         &["echo"],
-        &[],
     )
     .await;
     // Unusual fields and formatting must reach the upstream untouched.
     let raw = r#"{"model":"m-1","messages":[{"role":"user","content":"hi"}],"temperature":0.25,"tools":[{"type":"function","function":{"name":"mine","parameters":{"type":"object"}}}],"x_vendor":{"keep":[1,2,{"deep":true}]}}"#;
-    let response = stack
-        .http
+    let response = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", stack.worker.url()))
         .bearer_auth(CALLER)
         .header("content-type", "application/json")
@@ -168,7 +136,7 @@ async fn mcp_is_off_by_default_and_the_body_passes_unchanged() {
         answer.get("mcp").is_none(),
         "no extension without mcp: {answer}"
     );
-    let sent = &stack.upstream.requests()[0];
+    let sent = &stack.upstream().requests()[0];
     assert_eq!(
         sent.raw.as_ref(),
         raw.as_bytes(),
@@ -182,29 +150,30 @@ async fn mcp_is_off_by_default_and_the_body_passes_unchanged() {
     // `mcp` present but disabled: stripped, nothing injected, otherwise equal.
     let mut body: Value = serde_json::from_str(raw).unwrap();
     body["mcp"] = json!({"enabled": false, "server_ids": [TK]});
-    let (status, _) = stack.chat(body.clone()).await;
+    let (status, _) = chat(&stack, body.clone()).await;
     assert_eq!(status, StatusCode::OK);
-    let sent = &stack.upstream.requests()[1].body;
+    let sent = &stack.upstream().requests()[1].body;
     body.as_object_mut().unwrap().remove("mcp");
     assert_eq!(sent, &body, "equivalent JSON, no mcp, no MCP tools");
 }
 
 #[tokio::test]
 async fn allowed_tools_are_injected_after_the_callers_with_schemas_unchanged() {
-    let stack =
-        ChatStack::start(Script::sequence([Reply::text("ok")]), &["echo", "add"], &[]).await;
+    let stack = start(Script::sequence([Reply::text("ok")]), &["echo", "add"]).await;
     let listed = stack.worker.tools().await;
-    let (status, answer) = stack
-        .chat(json!({
+    let (status, answer) = chat(
+        &stack,
+        json!({
             "model": "m",
             "messages": [user("hi")],
             "tools": [caller_tool("get_weather")],
             "tool_choice": "auto",
             "mcp": mcp_on(),
-        }))
-        .await;
+        }),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let sent = &stack.upstream.requests()[0].body;
+    let sent = &stack.upstream().requests()[0].body;
     assert!(sent.get("mcp").is_none(), "extension stripped: {sent}");
     assert_eq!(sent["tool_choice"], "auto");
     let tools = sent["tools"].as_array().unwrap();
@@ -238,7 +207,7 @@ async fn allowed_tools_are_injected_after_the_callers_with_schemas_unchanged() {
 #[tokio::test]
 async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
     let sleep = injected(TK, "sleep");
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::tool_calls(vec![
                 ScriptedToolCall::new("call_a", &sleep, json!({"ms": 400})),
@@ -247,17 +216,18 @@ async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
             Reply::text("both done"),
         ]),
         &["sleep", "stats"],
-        &[],
     )
     .await;
     let started = Instant::now();
-    let response = stack
-        .post(&json!({"model": "m", "messages": [user("sleep twice")], "mcp": mcp_on()}))
-        .header("x-request-id", "req-e2e-audit")
-        .header("x-quiver-session", "session-7")
-        .send()
-        .await
-        .unwrap();
+    let response = post(
+        &stack,
+        &json!({"model": "m", "messages": [user("sleep twice")], "mcp": mcp_on()}),
+    )
+    .header("x-request-id", "req-e2e-audit")
+    .header("x-quiver-session", "session-7")
+    .send()
+    .await
+    .unwrap();
     let elapsed = started.elapsed();
     let status = response.status();
     assert_eq!(response.headers()["x-request-id"], "req-e2e-audit");
@@ -266,7 +236,7 @@ async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
     assert_eq!(content(&answer), "both done");
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
 
-    let requests = stack.upstream.requests();
+    let requests = stack.upstream().requests();
     assert_eq!(requests.len(), 2);
     let between = requests[1].received_at - requests[0].received_at;
     eprintln!("two 400 ms calls in one turn: {between:?} between upstream requests");
@@ -275,7 +245,7 @@ async fn two_calls_in_one_turn_run_concurrently_and_answer_with_their_ids() {
         "concurrent: {between:?}"
     );
     assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
-    assert_eq!(stack.server_stats().await["inflight_max"], 2);
+    assert_eq!(server_stats(&stack,).await["inflight_max"], 2);
 
     let second = &requests[1].body;
     let messages = second["messages"].as_array().unwrap();
@@ -352,19 +322,21 @@ fn never_stops(per_turn: usize) -> Script {
 
 #[tokio::test]
 async fn max_iterations_ends_a_model_that_never_stops() {
-    let stack = ChatStack::start(never_stops(1), &["echo", "stats"], &[]).await;
+    let stack = start(never_stops(1), &["echo", "stats"]).await;
     let mut mcp = mcp_on();
     mcp["max_iterations"] = json!(3);
-    let (status, answer) = stack
-        .chat(json!({"model": "m", "messages": [user("loop")], "mcp": mcp}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"model": "m", "messages": [user("loop")], "mcp": mcp}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["mcp"]["stop_reason"], "max_iterations");
     // 3 turns ran their calls; the 4th request asked for an answer without tools.
-    let requests = stack.upstream.requests();
+    let requests = stack.upstream().requests();
     assert_eq!(requests.len(), 4);
     assert_eq!(requests[3].body["tool_choice"], "none");
-    assert_eq!(stack.server_calls().await, 3);
+    assert_eq!(server_calls(&stack,).await, 3);
     let message = &answer["choices"][0]["message"];
     assert!(
         message.get("tool_calls").is_none(),
@@ -382,16 +354,18 @@ async fn max_iterations_ends_a_model_that_never_stops() {
 
 #[tokio::test]
 async fn max_total_tool_calls_refuses_the_calls_beyond_it() {
-    let stack = ChatStack::start(never_stops(3), &["echo", "stats"], &[]).await;
+    let stack = start(never_stops(3), &["echo", "stats"]).await;
     let mut mcp = mcp_on();
     mcp["max_total_tool_calls"] = json!(4);
-    let (status, answer) = stack
-        .chat(json!({"model": "m", "messages": [user("loop")], "mcp": mcp}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"model": "m", "messages": [user("loop")], "mcp": mcp}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["mcp"]["stop_reason"], "max_total_tool_calls");
-    assert_eq!(stack.server_calls().await, 4);
-    let requests = stack.upstream.requests();
+    assert_eq!(server_calls(&stack,).await, 4);
+    let requests = stack.upstream().requests();
     assert_eq!(requests.len(), 3);
     let third = &requests[2].body;
     assert_eq!(third["tool_choice"], "none");
@@ -405,16 +379,20 @@ async fn max_total_tool_calls_refuses_the_calls_beyond_it() {
 
 #[tokio::test]
 async fn a_request_cannot_raise_its_budgets_or_servers() {
-    let stack = ChatStack::start(Script::sequence([]), &["echo"], &[]).await;
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "mcp": {"enabled": true, "max_iterations": 1000}}))
-        .await;
+    let stack = start(Script::sequence([]), &["echo"]).await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"messages": [user("x")], "mcp": {"enabled": true, "max_iterations": 1000}}),
+    )
+    .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
     assert_eq!(answer["error"]["code"], "mcp_policy_denied");
     assert_eq!(answer["error"]["field"], "mcp.max_iterations");
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "mcp": {"enabled": true, "server_idz": []}}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"messages": [user("x")], "mcp": {"enabled": true, "server_idz": []}}),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert!(
         answer["error"]["message"]
@@ -422,13 +400,13 @@ async fn a_request_cannot_raise_its_budgets_or_servers() {
             .unwrap()
             .contains("server_idz")
     );
-    assert_eq!(stack.upstream.request_count(), 0, "nothing sent upstream");
+    assert_eq!(stack.upstream().request_count(), 0, "nothing sent upstream");
 }
 
 #[tokio::test]
 async fn names_that_were_not_injected_never_run() {
     let echo = injected(TK, "echo");
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::tool_calls(vec![
                 // `fail` exists on the server but is not in allowed_tools.
@@ -443,22 +421,23 @@ async fn names_that_were_not_injected_never_run() {
             Reply::text("done"),
         ]),
         &["echo", "add", "stats"],
-        &[],
     )
     .await;
-    let before = stack.server_calls().await;
+    let before = server_calls(&stack).await;
     let mut mcp = mcp_on();
     mcp["tool_denylist"] = json!(["tk.add"]);
-    let (status, answer) = stack
-        .chat(json!({"model": "m", "messages": [user("try")], "mcp": mcp}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"model": "m", "messages": [user("try")], "mcp": mcp}),
+    )
+    .await;
     assert_eq!(
         status,
         StatusCode::OK,
         "a failed tool call never fails the request: {answer}"
     );
     assert_eq!(content(&answer), "done");
-    let second = &stack.upstream.requests()[1].body;
+    let second = &stack.upstream().requests()[1].body;
     let codes: Vec<String> = tool_messages(second).into_iter().map(error_code).collect();
     assert_eq!(
         codes,
@@ -472,7 +451,7 @@ async fn names_that_were_not_injected_never_run() {
         ]
     );
     assert_eq!(
-        stack.server_calls().await,
+        server_calls(&stack,).await,
         before,
         "the MCP server saw none of these calls"
     );
@@ -481,7 +460,7 @@ async fn names_that_were_not_injected_never_run() {
 #[tokio::test]
 async fn tool_choice_passes_through_and_a_forced_function_must_be_known() {
     let echo = injected(TK, "echo");
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::text("none"),
             Reply::text("auto"),
@@ -489,21 +468,24 @@ async fn tool_choice_passes_through_and_a_forced_function_must_be_known() {
             Reply::text("after forced"),
         ]),
         &["echo"],
-        &[],
     )
     .await;
     for choice in ["none", "auto"] {
-        let (status, answer) = stack
-            .chat(json!({"messages": [user("x")], "tool_choice": choice, "mcp": mcp_on()}))
-            .await;
+        let (status, answer) = chat(
+            &stack,
+            json!({"messages": [user("x")], "tool_choice": choice, "mcp": mcp_on()}),
+        )
+        .await;
         assert_eq!((status, content(&answer)), (StatusCode::OK, &json!(choice)));
     }
     let forced = json!({"type": "function", "function": {"name": echo}});
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "tool_choice": forced, "mcp": mcp_on()}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"messages": [user("x")], "tool_choice": forced, "mcp": mcp_on()}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let requests = stack.upstream.requests();
+    let requests = stack.upstream().requests();
     assert_eq!(requests[0].body["tool_choice"], "none");
     assert_eq!(requests[1].body["tool_choice"], "auto");
     assert_eq!(
@@ -516,18 +498,20 @@ async fn tool_choice_passes_through_and_a_forced_function_must_be_known() {
     );
 
     let unknown = json!({"type": "function", "function": {"name": injected(TK, "add")}});
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "tool_choice": unknown, "mcp": mcp_on()}))
-        .await;
+    let (status, answer) = chat(
+        &stack,
+        json!({"messages": [user("x")], "tool_choice": unknown, "mcp": mcp_on()}),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_eq!(answer["error"]["field"], "tool_choice.function.name");
-    assert_eq!(stack.upstream.request_count(), 4);
+    assert_eq!(stack.upstream().request_count(), 4);
 }
 
 #[tokio::test]
 async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
     let echo = injected(TK, "echo");
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::tool_call("w1", "get_weather", json!({"city": "Oslo"})),
             Reply::tool_calls(vec![
@@ -536,7 +520,6 @@ async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
             ]),
         ]),
         &["echo", "stats"],
-        &[],
     )
     .await;
     let request = json!({
@@ -544,7 +527,7 @@ async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
         "tools": [caller_tool("get_weather")],
         "mcp": mcp_on(),
     });
-    let (status, answer) = stack.chat(request.clone()).await;
+    let (status, answer) = chat(&stack, request.clone()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
     let call = &answer["choices"][0]["message"]["tool_calls"][0];
@@ -556,8 +539,8 @@ async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
     );
     assert_eq!(answer["mcp"]["stop_reason"], "caller_tools");
 
-    let before = stack.server_calls().await;
-    let (status, answer) = stack.chat(request).await;
+    let before = server_calls(&stack).await;
+    let (status, answer) = chat(&stack, request).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let calls = answer["choices"][0]["message"]["tool_calls"]
         .as_array()
@@ -575,7 +558,7 @@ async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
         (&json!("e2"), &json!("deferred"), &json!("echo"))
     );
     assert_eq!(
-        stack.server_calls().await,
+        server_calls(&stack,).await,
         before,
         "the MCP call was not run"
     );
@@ -584,25 +567,26 @@ async fn caller_tools_round_trip_and_a_mixed_turn_defers_the_mcp_calls() {
 #[tokio::test]
 async fn streaming_runs_the_loop_and_streams_the_answer() {
     let echo = injected(TK, "echo");
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::tool_call("s1", &echo, json!({"text": "streamed tool"})),
             Reply::text("The tool said: streamed tool."),
             Reply::text("no tools here"),
         ]),
         &["echo"],
-        &[],
     )
     .await;
-    let (status, events) = stack
-        .chat_stream(json!({
+    let (status, events) = chat_stream(
+        &stack,
+        json!({
             "model": "m",
             "messages": [user("go")],
             "stream": true,
             "stream_options": {"include_usage": true},
             "mcp": mcp_on(),
-        }))
-        .await;
+        }),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -633,16 +617,18 @@ async fn streaming_runs_the_loop_and_streams_the_answer() {
     assert_eq!(with_mcp["mcp"]["calls"][0]["status"], "ok");
     let usage = &chunks.last().unwrap()["usage"];
     assert!(usage["total_tokens"].as_u64().unwrap() > 0, "{usage}");
-    let tool = tool_messages(&stack.upstream.requests()[1].body)[0].clone();
+    let tool = tool_messages(&stack.upstream().requests()[1].body)[0].clone();
     assert_eq!(
         (&tool["tool_call_id"], &tool["content"]),
         (&json!("s1"), &json!("streamed tool"))
     );
 
     // Without mcp the stream is passed through as the upstream sent it.
-    let (status, events) = stack
-        .chat_stream(json!({"model": "m", "messages": [user("go")], "stream": true}))
-        .await;
+    let (status, events) = chat_stream(
+        &stack,
+        json!({"model": "m", "messages": [user("go")], "stream": true}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let text: String = events[..events.len() - 1]
@@ -659,7 +645,7 @@ async fn streaming_runs_the_loop_and_streams_the_answer() {
 
 #[tokio::test]
 async fn upstream_rejections_pass_through_and_failures_are_retried() {
-    let stack = ChatStack::start(
+    let stack = start(
         Script::sequence([
             Reply::error(400, "bad temperature"),
             Reply::error(503, "overloaded"),
@@ -672,34 +658,29 @@ async fn upstream_rejections_pass_through_and_failures_are_retried() {
             Reply::text("after the pause"),
         ]),
         &["echo"],
-        &[],
     )
     .await;
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "mcp": mcp_on()}))
-        .await;
+    let (status, answer) = chat(&stack, json!({"messages": [user("x")], "mcp": mcp_on()})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(
         answer["error"]["message"], "bad temperature",
         "provider's message"
     );
-    assert_eq!(stack.upstream.request_count(), 1, "400 is not retried");
+    assert_eq!(stack.upstream().request_count(), 1, "400 is not retried");
 
-    let (status, answer) = stack
-        .chat(json!({"messages": [user("x")], "mcp": mcp_on()}))
-        .await;
+    let (status, answer) = chat(&stack, json!({"messages": [user("x")], "mcp": mcp_on()})).await;
     assert_eq!(
         (status, content(&answer)),
         (StatusCode::OK, &json!("recovered"))
     );
-    assert_eq!(stack.upstream.request_count(), 3, "503 retried once");
+    assert_eq!(stack.upstream().request_count(), 3, "503 retried once");
 
-    let (status, answer) = stack.chat(json!({"messages": [user("x")]})).await;
+    let (status, answer) = chat(&stack, json!({"messages": [user("x")]})).await;
     assert_eq!(
         (status, content(&answer)),
         (StatusCode::OK, &json!("after the pause"))
     );
-    let requests = stack.upstream.requests();
+    let requests = stack.upstream().requests();
     let waited = requests[4].received_at - requests[3].received_at;
     assert!(
         waited >= Duration::from_millis(950),
@@ -709,10 +690,8 @@ async fn upstream_rejections_pass_through_and_failures_are_retried() {
 
 #[tokio::test]
 async fn chat_without_an_upstream_is_refused_clearly() {
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = format!("sqlite://{}", dir.path().join("q.db").display());
-    let registry = registry(&db_url, None).await;
-    let worker = WorkerProcess::start::<&str>(&registry.grpc_url(), WORKER, CALLER, &[]).await;
+    let stack = Stack::builder().start().await;
+    let worker = &stack.worker;
     let response = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", worker.url()))
         .bearer_auth(CALLER)

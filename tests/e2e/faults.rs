@@ -28,15 +28,15 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quiver_proto::v1 as pb;
-use quiver_testkit::postgres::TestDatabase;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::harness::{
-    Admin, Client, Stack, WorkerProcess, WriteLoad, eventually, metric_sum, proc_stat, processes,
+    Admin, Client, WorkerProcess, WriteLoad, eventually, metric_sum, proc_stat, processes,
     quiver_bin, sqlite, stdio_spec, upsert, upserted_revision,
 };
+use crate::stack::Stack;
 use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
 
 // ---------------------------------------------------------------------------
@@ -189,8 +189,7 @@ async fn assert_acknowledged_intact(client: &mut Client, acknowledged: &BTreeMap
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_sigkill_with_workers_serving() {
     let mut figures = Figures::new("registry_sigkill");
-    let db = TestDatabase::create().await;
-    let mut stack = Stack::start(db.url()).await;
+    let mut stack = Stack::builder().postgres().start().await;
     let head = stack.admin.upsert(stdio_record("steady", &["echo"])).await;
     stack.synced(head).await;
     let echo = injected("steady", "echo");
@@ -637,7 +636,7 @@ async fn mcp_child_sigkill_mid_call_x100() {
     const ROUNDS: usize = 100;
     const IN_FLIGHT: u64 = 2;
     let mut figures = Figures::new("mcp_child_kill");
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     let head = stack
         .admin
         .upsert(budgeted(
@@ -741,7 +740,7 @@ async fn hung_server_and_output_flood() {
     const RSS_BOUND_KIB: u64 = 300 * 1024;
     const HUNG_CALLS: u64 = 8;
     let mut figures = Figures::new("hung_and_flood");
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     stack
         .admin
         .upsert(budgeted(
@@ -1004,7 +1003,7 @@ fn truncate_for_message(body: &Value) -> String {
 async fn five_hundred_calls_at_max_concurrency_4() {
     const CALLS: usize = 500;
     let mut figures = Figures::new("concurrency_500");
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     stack
         .admin
         .upsert(budgeted(

@@ -12,20 +12,17 @@
 //! The client (`tests/e2e/peers/gateway_client.py`) runs every step and
 //! prints a JSON report; the tests check it here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{
-    ADMIN, Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, injected, metric_sum, peer,
-    quiver_bin, registry, sqlite,
-};
+use crate::harness::{ADMIN, CALLER, injected, metric_sum, metrics_text, peer, quiver_bin};
 use crate::openai_sdk::sdk_python;
+use crate::stack::Stack;
 
 /// The upstream's record: one call at a time (so a call after a cancelled
 /// one proves the slot was freed), one public resource, one prompt.
@@ -44,57 +41,47 @@ pub(crate) fn upstream_record(state_dir: &Path, allowed_tools: &[&str]) -> Value
     })
 }
 
-/// A SQLite registry with the upstream registered, and a worker.
-struct Stack {
-    _dir: TempDir,
-    state: TempDir,
-    registry: RegistryProcess,
-    worker: WorkerProcess,
+/// Where the upstream notes cancelled calls, in the stack's directory.
+fn state_dir(dir: &Path) -> PathBuf {
+    dir.join("state")
 }
 
-impl Stack {
-    async fn start() -> Stack {
-        let (dir, db_url) = sqlite();
-        let registry = registry(&db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        let state = tempfile::tempdir().expect("state dir");
-        let revision = admin.upsert(upstream_record(state.path(), &["*"])).await;
-        let worker =
-            WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
-        worker.synced(revision, Duration::from_secs(10)).await;
-        Stack {
-            _dir: dir,
-            state,
-            registry,
-            worker,
-        }
-    }
+/// A stack with the upstream registered.
+async fn start() -> Stack {
+    let builder = Stack::builder();
+    let state = state_dir(builder.dir());
+    std::fs::create_dir(&state).expect("state dir");
+    builder
+        .record(upstream_record(&state, &["*"]))
+        .start()
+        .await
+}
 
-    /// The client's config: tool and prompt names as `endpoint` lists them,
-    /// and the edit that drops the `fail` tool.
-    fn client_config(&self, transport: Value, catalog: bool) -> Value {
-        let name = |tool: &str| {
-            if catalog {
-                injected("py", tool)
-            } else {
-                tool.to_owned()
-            }
-        };
-        let mut config = json!({
-            "names": {"add": name("add"), "slow": name("slow"), "fail": name("fail"), "grow": name("grow"), "greet": name("greet")},
-            "state_dir": self.state.path(),
-            "edit": {
-                "url": format!("{}/admin/api/mcp/servers", self.registry.http_url()),
-                "token": ADMIN,
-                "record": upstream_record(self.state.path(), &["add", "slow"]),
-            },
-        });
-        config
-            .as_object_mut()
-            .expect("object")
-            .extend(transport.as_object().expect("object").clone());
-        config
-    }
+/// The client's config: tool and prompt names as `endpoint` lists them,
+/// and the edit that drops the `fail` tool.
+fn client_config(stack: &Stack, transport: Value, catalog: bool) -> Value {
+    let name = |tool: &str| {
+        if catalog {
+            injected("py", tool)
+        } else {
+            tool.to_owned()
+        }
+    };
+    let state = state_dir(stack.dir());
+    let mut config = json!({
+        "names": {"add": name("add"), "slow": name("slow"), "fail": name("fail"), "grow": name("grow"), "greet": name("greet")},
+        "state_dir": state,
+        "edit": {
+            "url": format!("{}/admin/api/mcp/servers", stack.registry.http_url()),
+            "token": ADMIN,
+            "record": upstream_record(&state, &["add", "slow"]),
+        },
+    });
+    config
+        .as_object_mut()
+        .expect("object")
+        .extend(transport.as_object().expect("object").clone());
+    config
 }
 
 /// Runs the Python client with `config`; returns its report.
@@ -241,8 +228,9 @@ fn check_report_but(report: &Value, catalog: bool, skipped: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_uses_one_server_as_itself() {
-    let stack = Stack::start().await;
-    let config = stack.client_config(
+    let stack = start().await;
+    let config = client_config(
+        &stack,
         json!({"transport": "http", "url": format!("{}/mcp/py", stack.worker.url()), "token": CALLER}),
         false,
     );
@@ -273,8 +261,9 @@ async fn python_sdk_client_uses_one_server_as_itself() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_uses_the_whole_catalog() {
-    let stack = Stack::start().await;
-    let config = stack.client_config(
+    let stack = start().await;
+    let config = client_config(
+        &stack,
         json!({"transport": "http", "url": format!("{}/mcp", stack.worker.url()), "token": CALLER}),
         true,
     );
@@ -285,8 +274,9 @@ async fn python_sdk_client_uses_the_whole_catalog() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_client_over_stdio_through_mcp_stdio() {
-    let stack = Stack::start().await;
-    let config = stack.client_config(
+    let stack = start().await;
+    let config = client_config(
+        &stack,
         json!({
             "transport": "stdio",
             "command": quiver_bin(),
@@ -355,10 +345,9 @@ pub(crate) async fn round_robin(backends: Vec<String>) -> (String, Arc<AtomicUsi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_alternating_between_two_workers_keeps_its_session() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     // Same registry token, so the same session-signing key (no extra setup).
-    let second =
-        WorkerProcess::start(&stack.registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
+    let second = stack.start_worker(&[]).await;
     let (balancer, requests) = round_robin(vec![stack.worker.url(), second.url()]).await;
     // Two steps depend on which worker a request lands on, not on the
     // session: a `notifications/cancelled` is applied by the worker it
@@ -367,7 +356,8 @@ async fn one_client_alternating_between_two_workers_keeps_its_session() {
     // is not on the other (docs/reference.md §13.4). Registry edits reach
     // the session whichever worker holds its stream.
     let skipped = ["cancel", "upstream_changed"];
-    let config = stack.client_config(
+    let config = client_config(
+        &stack,
         json!({"transport": "http", "url": format!("{balancer}/mcp/py"), "token": CALLER, "skip": skipped}),
         false,
     );
@@ -417,7 +407,7 @@ const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","param
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoints_refuse_what_they_must() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     let url = format!("{}/mcp/py", stack.worker.url());
 
     // No token: 401 with the challenge the MCP authorization spec asks for,
@@ -522,14 +512,8 @@ async fn the_endpoints_refuse_what_they_must() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_beyond_the_cap_are_refused_and_open_ones_keep_working() {
-    let stack = Stack::start().await;
-    let capped = WorkerProcess::start(
-        &stack.registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &["--mcp-max-sessions", "1"],
-    )
-    .await;
+    let stack = start().await;
+    let capped = stack.start_worker(&["--mcp-max-sessions", "1"]).await;
     let url = format!("{}/mcp/py", capped.url());
     let first = post(&url, Some(CALLER), &[], INITIALIZE).await;
     assert_eq!(first.status(), StatusCode::OK);
@@ -623,9 +607,8 @@ async fn assert_capped(response: reqwest::Response, cap: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_session_stays_deleted_on_every_worker() {
-    let stack = Stack::start().await;
-    let grpc = stack.registry.grpc_url();
-    let second = WorkerProcess::start(&grpc, WORKER, CALLER, &[] as &[&str]).await;
+    let stack = start().await;
+    let second = stack.start_worker(&[]).await;
     let first_url = format!("{}/mcp/py", stack.worker.url());
     let second_url = format!("{}/mcp/py", second.url());
     let session = open_session(&first_url, CALLER).await;
@@ -648,7 +631,7 @@ async fn a_deleted_session_stays_deleted_on_every_worker() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert!(body.contains("deleted"), "{body}");
     // A worker that never held it refuses to restore it (the registry knows).
-    let third = WorkerProcess::start(&grpc, WORKER, CALLER, &[] as &[&str]).await;
+    let third = stack.start_worker(&[]).await;
     let (status, body) = list_tools(&format!("{}/mcp/py", third.url()), CALLER, &session).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     // The worker where it was live ends it on its next check.
@@ -667,14 +650,10 @@ async fn a_deleted_session_stays_deleted_on_every_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_id_is_refused() {
-    let stack = Stack::start().await;
-    let short = WorkerProcess::start(
-        &stack.registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &["--mcp-max-session-lifetime-ms", "1500"],
-    )
-    .await;
+    let stack = start().await;
+    let short = stack
+        .start_worker(&["--mcp-max-session-lifetime-ms", "1500"])
+        .await;
     let url = format!("{}/mcp/py", short.url());
     let session = open_session(&url, CALLER).await;
     assert_eq!(list_tools(&url, CALLER, &session).await.0, StatusCode::OK);
@@ -686,19 +665,15 @@ async fn an_expired_session_id_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_resumed_from_another_worker_count_against_the_cap() {
-    let stack = Stack::start().await;
-    let capped = WorkerProcess::start(
-        &stack.registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &[
+    let stack = start().await;
+    let capped = stack
+        .start_worker(&[
             "--mcp-max-sessions",
             "2",
             "--mcp-max-sessions-per-caller",
             "2",
-        ],
-    )
-    .await;
+        ])
+        .await;
     let opener = format!("{}/mcp/py", stack.worker.url());
     let mut sessions = Vec::new();
     for _ in 0..3 {
@@ -731,7 +706,7 @@ async fn sessions_resumed_from_another_worker_count_against_the_cap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_jsonrpc_bodies_get_400_with_their_codes() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     let url = format!("{}/mcp/py", stack.worker.url());
     let session = open_session(&url, CALLER).await;
     let deep = format!(
@@ -776,14 +751,8 @@ async fn malformed_jsonrpc_bodies_get_400_with_their_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initialize_for_unavailable_servers_only_is_refused_and_not_counted() {
-    let stack = Stack::start().await;
-    let capped = WorkerProcess::start(
-        &stack.registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &["--mcp-max-sessions", "1"],
-    )
-    .await;
+    let stack = start().await;
+    let capped = stack.start_worker(&["--mcp-max-sessions", "1"]).await;
     for endpoint in ["/mcp?server_ids=ghost,nope", "/mcp/ghost"] {
         let response = post(
             &format!("{}{endpoint}", capped.url()),
@@ -812,14 +781,10 @@ async fn initialize_for_unavailable_servers_only_is_refused_and_not_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_caller_cannot_take_every_gateway_session_slot() {
     const OTHER: &str = "e2e-other-caller-token";
-    let stack = Stack::start().await;
-    let worker = WorkerProcess::start(
-        &stack.registry.grpc_url(),
-        WORKER,
-        CALLER,
-        &["--mcp-max-sessions", "8", "--caller-token", OTHER],
-    )
-    .await;
+    let stack = start().await;
+    let worker = stack
+        .start_worker(&["--mcp-max-sessions", "8", "--caller-token", OTHER])
+        .await;
     let url = format!("{}/mcp/py", worker.url());
     // Default share: a quarter of max_sessions.
     for _ in 0..2 {
@@ -838,9 +803,8 @@ async fn one_caller_cannot_take_every_gateway_session_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_outage_fails_open_within_the_bound() {
     use nix::sys::signal::Signal;
-    let stack = Stack::start().await;
-    let second =
-        WorkerProcess::start(&stack.registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
+    let stack = start().await;
+    let second = stack.start_worker(&[]).await;
     let first_url = format!("{}/mcp/py", stack.worker.url());
     let second_url = format!("{}/mcp/py", second.url());
     let deleted = open_session(&first_url, CALLER).await;
@@ -902,12 +866,7 @@ async fn a_registry_outage_fails_open_within_the_bound() {
 
 /// A counter of the worker at `url`, labelled or not.
 async fn counter(url: &str, name: &str) -> f64 {
-    let page = reqwest::get(format!("{url}/metrics"))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let page = metrics_text(&format!("{url}/metrics")).await;
     page.lines()
         .filter(|line| {
             line.strip_prefix(name)

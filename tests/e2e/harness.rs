@@ -1103,68 +1103,6 @@ pub fn sqlite() -> (tempfile::TempDir, String) {
     (dir, url)
 }
 
-/// A registry process, its admin API and a worker process following it, all
-/// with the e2e tokens.
-pub struct Stack {
-    /// The registry.
-    pub registry: RegistryProcess,
-    /// The registry's admin REST API.
-    pub admin: Admin,
-    /// The worker, shared so that tasks can call it while the test goes on.
-    pub worker: Arc<WorkerProcess>,
-    db_url: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Stack {
-    /// A stack on a fresh SQLite database.
-    pub async fn sqlite() -> Stack {
-        let (dir, db_url) = sqlite();
-        Stack::on(db_url, Some(dir)).await
-    }
-
-    /// A stack on the database at `db_url`.
-    pub async fn start(db_url: &str) -> Stack {
-        Stack::on(db_url.to_owned(), None).await
-    }
-
-    async fn on(db_url: String, dir: Option<tempfile::TempDir>) -> Stack {
-        let registry = registry(&db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        let worker = WorkerProcess::start::<&str>(&registry.grpc_url(), WORKER, CALLER, &[]).await;
-        Stack {
-            registry,
-            admin,
-            worker: Arc::new(worker),
-            db_url,
-            _dir: dir,
-        }
-    }
-
-    /// Waits (at most 10 s) until the worker's snapshot is at `revision` and
-    /// not degraded.
-    pub async fn synced(&self, revision: u64) {
-        self.worker.synced(revision, Duration::from_secs(10)).await;
-    }
-
-    /// Once the registry has stopped (killed or terminated): a new registry
-    /// on the same database and gRPC address, as after a process restart,
-    /// and its admin API.
-    pub async fn restart_registry(&mut self) {
-        let grpc = self.registry.grpc_addr();
-        self.registry = registry(&self.db_url, Some(grpc)).await;
-        self.admin = Admin::new(&self.registry, ADMIN);
-    }
-
-    /// The worker process itself, to stop or inspect it.
-    ///
-    /// # Panics
-    /// While a clone of [`Stack::worker`] is held elsewhere.
-    pub fn worker_mut(&mut self) -> &mut WorkerProcess {
-        Arc::get_mut(&mut self.worker).expect("the worker is not shared any more")
-    }
-}
-
 /// Path of the `quiver-testkit-mcp` binary (built next to `quiver`), as
 /// the text records and commands take.
 pub fn testkit_mcp_bin() -> String {
@@ -1258,16 +1196,21 @@ where
     }
 }
 
-/// The sum of the samples of `metric` on the `/metrics` page at
-/// `metrics_url` whose labels hold every one of `labels` (`name="value"`);
-/// 0 when there is none.
-pub async fn metric_sum(metrics_url: &str, metric: &str, labels: &[&str]) -> f64 {
-    let page = reqwest::get(metrics_url)
+/// The `/metrics` page at `metrics_url`, as text.
+pub async fn metrics_text(metrics_url: &str) -> String {
+    reqwest::get(metrics_url)
         .await
         .expect("GET /metrics")
         .text()
         .await
-        .expect("metrics text");
+        .expect("metrics text")
+}
+
+/// The sum of the samples of `metric` on the `/metrics` page at
+/// `metrics_url` whose labels hold every one of `labels` (`name="value"`);
+/// 0 when there is none.
+pub async fn metric_sum(metrics_url: &str, metric: &str, labels: &[&str]) -> f64 {
+    let page = metrics_text(metrics_url).await;
     let prefix = format!("{metric}{{");
     page.lines()
         .filter(|line| line.starts_with(&prefix))

@@ -10,17 +10,17 @@
 //! tool message the model is sent, error messages included.
 
 use std::path::Path;
-use std::time::Duration;
 
-use quiver_testkit::upstream::{Reply, Script, ScriptedUpstream};
+use quiver_testkit::upstream::{Reply, Script};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{Admin, RegistryProcess, WorkerProcess, eventually};
+use crate::harness::{CALLER, injected, metrics_text};
 use crate::openai_sdk::sdk_python;
-use crate::worker::{ADMIN, CALLER, WORKER, injected, registry};
+use crate::stack::Stack;
 
+/// The record of the tool API test.
+const SERVER: &str = "hostile-output";
 /// The record's `max_tool_output_bytes` in the tool API test.
 const CAP: u64 = 1000;
 /// The record's cap in the chat test: far above the session budget, so
@@ -34,85 +34,52 @@ const HUGE: u64 = 8_000_000;
 /// Bytes of the error messages.
 const TEN_MB: u64 = 10_000_000;
 
-/// A registry with one record of the hostile-output peer (cap `cap`) and a
-/// worker following it, with a scripted upstream.
-struct Stack {
-    _registry: RegistryProcess,
-    upstream: ScriptedUpstream,
-    worker: WorkerProcess,
-    server_id: &'static str,
-    _dir: TempDir,
+/// A stack with one record of the hostile-output peer (cap `cap`) and a
+/// scripted upstream.
+async fn start(server_id: &str, cap: u64, script: Script) -> Stack {
+    let peer =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/peers/hostile_output.py");
+    Stack::builder()
+        .record(json!({
+            "server_id": server_id,
+            "transport": "stdio",
+            "stdio": {"command": sdk_python(), "args": [peer.display().to_string()]},
+            "allowed_tools": ["text", "tool_error", "server_error", "meta"],
+            "budgets": {"max_tool_output_bytes": cap, "tool_timeout_ms": 10_000},
+        }))
+        .upstream(script)
+        .tools_listed(4)
+        .start()
+        .await
 }
 
-impl Stack {
-    async fn start(server_id: &'static str, cap: u64, script: Script) -> Stack {
-        let peer =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2e/peers/hostile_output.py");
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db_url = format!("sqlite://{}", dir.path().join("quiver.db").display());
-        let registry = registry(&db_url, None).await;
-        Admin::new(&registry, ADMIN)
-            .upsert(json!({
-                "server_id": server_id,
-                "transport": "stdio",
-                "stdio": {"command": sdk_python(), "args": [peer.display().to_string()]},
-                "allowed_tools": ["text", "tool_error", "server_error", "meta"],
-                "budgets": {"max_tool_output_bytes": cap, "tool_timeout_ms": 10_000},
-            }))
-            .await;
-        let upstream = ScriptedUpstream::start(script).await;
-        let worker = WorkerProcess::start(
-            &registry.grpc_url(),
-            WORKER,
-            CALLER,
-            &["--upstream-url", &upstream.base_url()],
-        )
+/// `POST /v1/mcp/tools/call` of `tool` of `server_id` with `n`: status,
+/// JSON body and the body's size on the wire.
+async fn call(stack: &Stack, server_id: &str, tool: &str, n: u64) -> (StatusCode, Value, usize) {
+    let (status, body) = stack
+        .worker
+        .call(&injected(server_id, tool), json!({"n": n}))
         .await;
-        eventually(Duration::from_secs(10), "peer tools listed", || async {
-            (worker.tools().await.len() == 4).then_some(())
+    let size = body.to_string().len();
+    (status, body, size)
+}
+
+/// The sum of `mcp_tool_call_output_bytes` for `tool` of `server_id` on
+/// `/metrics`.
+async fn output_bytes_sum(stack: &Stack, server_id: &str, tool: &str) -> f64 {
+    let text = metrics_text(&format!("{}/metrics", stack.worker.url())).await;
+    let labels = [
+        format!("server_id=\"{server_id}\""),
+        format!("tool=\"{tool}\""),
+    ];
+    text.lines()
+        .find(|line| {
+            line.starts_with("mcp_tool_call_output_bytes_sum{")
+                && labels.iter().all(|label| line.contains(label.as_str()))
         })
-        .await;
-        Stack {
-            _registry: registry,
-            upstream,
-            worker,
-            server_id,
-            _dir: dir,
-        }
-    }
-
-    /// `POST /v1/mcp/tools/call` of `tool` with `n`: status, JSON body and
-    /// the body's size on the wire.
-    async fn call(&self, tool: &str, n: u64) -> (StatusCode, Value, usize) {
-        let (status, body) = self
-            .worker
-            .call(&injected(self.server_id, tool), json!({"n": n}))
-            .await;
-        let size = body.to_string().len();
-        (status, body, size)
-    }
-
-    /// The sum of `mcp_tool_call_output_bytes` for `tool` on `/metrics`.
-    async fn output_bytes_sum(&self, tool: &str) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.worker.url()))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        let labels = [
-            format!("server_id=\"{}\"", self.server_id),
-            format!("tool=\"{tool}\""),
-        ];
-        text.lines()
-            .find(|line| {
-                line.starts_with("mcp_tool_call_output_bytes_sum{")
-                    && labels.iter().all(|label| line.contains(label.as_str()))
-            })
-            .and_then(|line| line.rsplit_once(' '))
-            .map(|(_, value)| value.parse().expect("sample value"))
-            .unwrap_or_else(|| panic!("no mcp_tool_call_output_bytes_sum for {tool}:\n{text}"))
-    }
+        .and_then(|line| line.rsplit_once(' '))
+        .map(|(_, value)| value.parse().expect("sample value"))
+        .unwrap_or_else(|| panic!("no mcp_tool_call_output_bytes_sum for {tool}:\n{text}"))
 }
 
 /// Bytes of the text items of a tool API answer, the worker's own
@@ -133,10 +100,10 @@ fn kept_text_bytes(body: &Value) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
-    let stack = Stack::start("hostile-output", CAP, Script::sequence([])).await;
+    let stack = start(SERVER, CAP, Script::sequence([])).await;
 
     // A 100 KB `str`: ~200 KB sent (text + structuredContent).
-    let (status, body, size) = stack.call("text", 100_000).await;
+    let (status, body, size) = call(&stack, SERVER, "text", 100_000).await;
     eprintln!(
         "100 KB str at max_tool_output_bytes {CAP}: HTTP {status}, answer {size} bytes, \
          kept {} text bytes, structured_content {}, truncated {}",
@@ -155,7 +122,7 @@ async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
     assert!(size < 2 * CAP as usize, "answer of {size} bytes");
 
     // 8 MB: ~16 MB sent, the answer still bounded and marked.
-    let (status, body, size) = stack.call("text", HUGE).await;
+    let (status, body, size) = call(&stack, SERVER, "text", HUGE).await;
     eprintln!(
         "8 MB str: HTTP {status}, answer {size} bytes, truncated {}",
         body["truncated"]
@@ -164,7 +131,7 @@ async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
     assert_eq!(body["truncated"], true);
     assert!(body.get("structured_content").is_none());
     assert!(size < 2 * CAP as usize, "answer of {size} bytes");
-    let sent = stack.output_bytes_sum("text").await;
+    let sent = output_bytes_sum(&stack, SERVER, "text").await;
     eprintln!("mcp_tool_call_output_bytes sum after 100 KB + 8 MB str: {sent}");
     assert!(
         sent >= 2.0 * (100_000 + HUGE) as f64,
@@ -172,7 +139,7 @@ async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
     );
 
     // `_meta` counts too: dropped when over, and marked.
-    let (status, body, size) = stack.call("meta", 100_000).await;
+    let (status, body, size) = call(&stack, SERVER, "meta", 100_000).await;
     eprintln!(
         "100 KB _meta: HTTP {status}, answer {size} bytes, truncated {}",
         body["truncated"]
@@ -180,11 +147,11 @@ async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["content"][0]["text"], "small");
     assert_eq!(body["truncated"], true);
-    assert!(stack.output_bytes_sum("meta").await >= 100_000.0);
+    assert!(output_bytes_sum(&stack, SERVER, "meta").await >= 100_000.0);
 
     // A 10 MB `ToolError` (isError) and a 10 MB JSON-RPC error.
     for tool in ["tool_error", "server_error"] {
-        let (status, body, size) = stack.call(tool, TEN_MB).await;
+        let (status, body, size) = call(&stack, SERVER, tool, TEN_MB).await;
         let message = body["error"]["message"].as_str().unwrap_or_default();
         eprintln!(
             "10 MB {tool}: HTTP {status} {}, answer {size} bytes, error message {} bytes",
@@ -203,7 +170,7 @@ async fn the_tool_api_answer_is_bounded_by_the_record_cap() {
 async fn chat_tool_messages_stay_within_the_session_budget() {
     let server_error = injected("hostile-wide", "server_error");
     let tool_error = injected("hostile-wide", "tool_error");
-    let stack = Stack::start(
+    let stack = start(
         "hostile-wide",
         WIDE_CAP,
         Script::sequence([
@@ -232,7 +199,7 @@ async fn chat_tool_messages_stay_within_the_session_budget() {
         assert_eq!(status, StatusCode::OK, "{answer}");
         assert_eq!(answer["mcp"]["calls"][0]["status"], expected, "{answer}");
     }
-    let requests = stack.upstream.requests();
+    let requests = stack.upstream().requests();
     assert_eq!(requests.len(), 4);
     for (request, expected) in [
         (&requests[1], "mcp_unavailable"),

@@ -17,12 +17,10 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{
-    Admin, RegistryProcess, WorkerProcess, eventually, processes, sqlite, testkit_bin,
-};
-use crate::worker::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
+use crate::harness::{WorkerProcess, eventually, processes, testkit_bin};
+use crate::stack::Stack;
+use crate::worker::{injected, stdio_record};
 
 /// Path of the `quiver-testkit-hostile` binary.
 fn hostile_bin() -> String {
@@ -40,72 +38,38 @@ fn hostile_record(server_id: &str, args: &[&str], tool_timeout_ms: u64) -> Value
     })
 }
 
-/// A SQLite registry, its admin API and a worker with `pool` as the
-/// `[pool]` section of its config.
-struct Stack {
-    _dir: TempDir,
-    _registry: RegistryProcess,
-    admin: Admin,
-    worker: WorkerProcess,
+/// A stack whose worker has `pool` as the `[pool]` section of its config.
+async fn start(pool: &str) -> Stack {
+    Stack::builder()
+        .worker_config(&format!("[pool]\n{pool}\n"))
+        .start()
+        .await
 }
 
-impl Stack {
-    async fn start(pool: &str) -> Stack {
-        let (dir, db_url) = sqlite();
-        let config = dir.path().join("worker.toml");
-        std::fs::write(&config, format!("[pool]\n{pool}\n")).expect("worker config");
-        let registry = registry(&db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        let worker = WorkerProcess::start(
-            &registry.grpc_url(),
-            WORKER,
-            CALLER,
-            &["--config", config.to_str().expect("utf-8 path")],
-        )
-        .await;
-        Stack {
-            _dir: dir,
-            _registry: registry,
-            admin,
-            worker,
-        }
-    }
-
-    /// Upserts `record` and waits until the worker holds it.
-    async fn upsert(&self, record: Value) {
-        let head = self.admin.upsert(record).await;
-        self.synced(head).await;
-    }
-
-    async fn synced(&self, revision: u64) {
-        self.worker.synced(revision, Duration::from_secs(10)).await;
-    }
-
-    /// Waits (at most `within`) until the `/v1/mcp/servers` entry of
-    /// `server_id` has a `last_error` containing `needle`; returns the entry
-    /// and how long it took.
-    async fn error_naming(
-        &self,
-        server_id: &str,
-        needle: &str,
-        within: Duration,
-    ) -> (Value, Duration) {
-        let started = Instant::now();
-        let worker = &self.worker;
-        let entry = eventually(
-            within,
-            &format!("{server_id}: last_error naming {needle}"),
-            || async move {
-                let server = worker.server(server_id).await?;
-                server["last_error"]
-                    .as_str()
-                    .is_some_and(|error| error.contains(needle))
-                    .then_some(server)
-            },
-        )
-        .await;
-        (entry, started.elapsed())
-    }
+/// Waits (at most `within`) until the `/v1/mcp/servers` entry of
+/// `server_id` has a `last_error` containing `needle`; returns the entry
+/// and how long it took.
+async fn error_naming(
+    stack: &Stack,
+    server_id: &str,
+    needle: &str,
+    within: Duration,
+) -> (Value, Duration) {
+    let started = Instant::now();
+    let worker = &stack.worker;
+    let entry = eventually(
+        within,
+        &format!("{server_id}: last_error naming {needle}"),
+        || async move {
+            let server = worker.server(server_id).await?;
+            server["last_error"]
+                .as_str()
+                .is_some_and(|error| error.contains(needle))
+                .then_some(server)
+        },
+    )
+    .await;
+    (entry, started.elapsed())
 }
 
 /// `VmRSS` of `pid`, in KiB.
@@ -146,7 +110,7 @@ async fn bounded_call(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_cursor_listing_is_bounded() {
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     stack
         .upsert(hostile_record(
             "endless",
@@ -160,9 +124,8 @@ async fn endless_cursor_listing_is_bounded() {
     let listed = Instant::now();
     let tools = stack.worker.tools().await;
     let list_took = listed.elapsed();
-    let (entry, took) = stack
-        .error_naming("endless", "max_list_pages", Duration::from_secs(3))
-        .await;
+    let (entry, took) =
+        error_naming(&stack, "endless", "max_list_pages", Duration::from_secs(3)).await;
     eprintln!(
         "[hostile::endless_cursor] GET /v1/mcp/tools: {} tools after {list_took:.2?}; last_error after {took:.2?}: {}; state {}",
         tools.len(),
@@ -189,7 +152,7 @@ async fn endless_cursor_listing_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unanswered_listing_bounds_the_call() {
     const TOOL_TIMEOUT_MS: u64 = 2000;
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     stack
         .upsert(hostile_record(
             "silent",
@@ -234,7 +197,7 @@ async fn oversized_call_answer_fails_at_once() {
     // while a call that waited for the timeout does not.
     const TOOL_TIMEOUT_MS: u64 = 20_000;
     let at_once = Duration::from_millis(TOOL_TIMEOUT_MS / 2);
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     stack
         .upsert(hostile_record(
             "huge",
@@ -282,7 +245,7 @@ async fn oversized_and_deep_listings_fail_at_once() {
     // them, so a loaded machine passes while waiting them out does not.
     const WAIT_MS: u64 = 20_000;
     let at_once = Duration::from_millis(WAIT_MS / 2);
-    let stack = Stack::start(&format!("catalog_wait_ms = {WAIT_MS}")).await;
+    let stack = start(&format!("catalog_wait_ms = {WAIT_MS}")).await;
     stack
         .upsert(hostile_record(
             "biglist",
@@ -301,10 +264,8 @@ async fn oversized_and_deep_listings_fail_at_once() {
     let started = Instant::now();
     let tools = stack.worker.tools().await;
     let list_took = started.elapsed();
-    let (big, big_took) = stack
-        .error_naming("biglist", "max_message_bytes", at_once)
-        .await;
-    let (deep, deep_took) = stack.error_naming("deep", "recursion limit", at_once).await;
+    let (big, big_took) = error_naming(&stack, "biglist", "max_message_bytes", at_once).await;
+    let (deep, deep_took) = error_naming(&stack, "deep", "recursion limit", at_once).await;
     eprintln!(
         "[hostile::listings] GET /v1/mcp/tools: {} tools after {list_took:.2?}; 20 MB listing → {} after {big_took:.2?}; 300-deep schema → {} after {deep_took:.2?}",
         tools.len(),
@@ -333,7 +294,7 @@ async fn oversized_and_deep_listings_fail_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_beyond_the_child_cap_say_so() {
-    let stack = Stack::start("max_child_processes = 1").await;
+    let stack = start("max_child_processes = 1").await;
     stack.upsert(stdio_record("first", &["echo"])).await;
     stack.upsert(stdio_record("second", &["echo"])).await;
     let tools = stack.worker.tools().await;
@@ -344,9 +305,13 @@ async fn servers_beyond_the_child_cap_say_so() {
     } else {
         "first"
     };
-    let (entry, _) = stack
-        .error_naming(refused, "max_child_processes", Duration::from_secs(3))
-        .await;
+    let (entry, _) = error_naming(
+        &stack,
+        refused,
+        "max_child_processes",
+        Duration::from_secs(3),
+    )
+    .await;
     eprintln!(
         "[hostile::child_cap] server beyond max_child_processes = 1: state {} last_error {}",
         entry["state"], entry["last_error"]

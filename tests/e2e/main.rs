@@ -42,6 +42,7 @@ mod resource_uris;
 mod security;
 mod server_json;
 mod sessions;
+mod stack;
 mod tls;
 mod tool_search;
 mod upstream_2026;

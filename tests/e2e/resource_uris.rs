@@ -5,16 +5,15 @@
 //! HTTP clients speak JSON-RPC to `/mcp/{id}` and `/mcp` of a real worker.
 //! Every trick URI is refused by the gateway and none reaches the server.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{
-    ADMIN, Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, peer, registry, sqlite,
-};
+use crate::harness::{CALLER, peer};
 use crate::openai_sdk::sdk_python;
+use crate::stack::Stack;
 
 /// URIs a glob `file:///data/*` matches as text that name something
 /// outside `/data` (or whose meaning depends on how the server decodes).
@@ -50,50 +49,37 @@ const TRICKS: &[&str] = &[
 /// The allowed resource, which must still work.
 const NOTES: &str = "file:///data/notes.md";
 
-struct Stack {
-    _dir: TempDir,
-    _registry: RegistryProcess,
-    worker: WorkerProcess,
-    log: TempDir,
+/// A stack with the logging server as `files`.
+async fn start() -> Stack {
+    let builder = Stack::builder();
+    let log = requests_log(builder.dir());
+    builder
+        .record(json!({
+            "server_id": "files",
+            "transport": "stdio",
+            "stdio": {
+                "command": sdk_python(),
+                "args": [peer("resource_log.py"), log.display().to_string()],
+            },
+            "allowed_tools": [],
+            "allowed_resources": ["file:///data/*"],
+            "allowed_prompts": ["greet"],
+        }))
+        .start()
+        .await
 }
 
-impl Stack {
-    async fn start() -> Stack {
-        let (dir, db_url) = sqlite();
-        let log = tempfile::tempdir().expect("log dir");
-        let registry = registry(&db_url, None).await;
-        let revision = Admin::new(&registry, ADMIN)
-            .upsert(json!({
-                "server_id": "files",
-                "transport": "stdio",
-                "stdio": {
-                    "command": sdk_python(),
-                    "args": [peer("resource_log.py"), log.path().join("requests.jsonl").display().to_string()],
-                },
-                "allowed_tools": [],
-                "allowed_resources": ["file:///data/*"],
-                "allowed_prompts": ["greet"],
-            }))
-            .await;
-        let worker =
-            WorkerProcess::start(&registry.grpc_url(), WORKER, CALLER, &[] as &[&str]).await;
-        worker.synced(revision, Duration::from_secs(10)).await;
-        Stack {
-            _dir: dir,
-            _registry: registry,
-            worker,
-            log,
-        }
-    }
+/// Where the server logs the requests it receives.
+fn requests_log(dir: &Path) -> PathBuf {
+    dir.join("requests.jsonl")
+}
 
-    /// Every request the server received, as JSON.
-    fn received(&self) -> Vec<Value> {
-        let text =
-            std::fs::read_to_string(self.log.path().join("requests.jsonl")).unwrap_or_default();
-        text.lines()
-            .map(|line| serde_json::from_str(line).expect("the server logs JSON lines"))
-            .collect()
-    }
+/// Every request the server received, as JSON.
+fn received(stack: &Stack) -> Vec<Value> {
+    let text = std::fs::read_to_string(requests_log(stack.dir())).unwrap_or_default();
+    text.lines()
+        .map(|line| serde_json::from_str(line).expect("the server logs JSON lines"))
+        .collect()
 }
 
 /// A raw MCP session on one endpoint.
@@ -172,7 +158,7 @@ async fn post(url: &str, session: Option<&str>, body: &Value) -> reqwest::Respon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uris_climbing_out_of_allowed_resources_never_reach_the_server() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     let mut one = Session::open(format!("{}/mcp/files", stack.worker.url())).await;
     let mut catalog = Session::open(format!("{}/mcp", stack.worker.url())).await;
 
@@ -225,7 +211,7 @@ async fn uris_climbing_out_of_allowed_resources_never_reach_the_server() {
     assert_eq!(uris, [NOTES], "{listed}");
 
     // What reached the server: only the allowed URI, ever.
-    let received = stack.received();
+    let received = received(&stack);
     let resource_requests: Vec<&Value> = received
         .iter()
         .filter(|r| {
@@ -249,7 +235,7 @@ async fn uris_climbing_out_of_allowed_resources_never_reach_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_values_naming_refused_resources_are_left_out() {
-    let stack = Stack::start().await;
+    let stack = start().await;
     let mut one = Session::open(format!("{}/mcp/files", stack.worker.url())).await;
 
     // The template is allowed; of its `name` values, those whose URI
@@ -295,7 +281,7 @@ async fn completion_values_naming_refused_resources_are_left_out() {
         json!(["../anyone", "bob"]),
         "{prompt}"
     );
-    let received = stack.received();
+    let received = received(&stack);
     let completions = received
         .iter()
         .filter(|r| r["method"] == "completion/complete")

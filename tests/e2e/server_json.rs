@@ -12,9 +12,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::harness::{
-    ADMIN, Admin, CALLER, McpServerProcess, Stack, WORKER, WorkerProcess, injected, registry,
-    run_quiver, sqlite,
+    ADMIN, Admin, CALLER, McpServerProcess, WORKER, WorkerProcess, injected, registry, run_quiver,
+    sqlite,
 };
+use crate::stack::Stack;
 
 fn data(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -373,7 +374,7 @@ async fn recorded_registry() -> (String, tokio::task::JoinHandle<()>) {
 
 #[tokio::test]
 async fn servers_import_from_a_registry_pages_and_imports_the_chosen_servers() {
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     let (source, task) = recorded_registry().await;
     let admin_url = stack.registry.http_url();
     let base = [

@@ -8,15 +8,12 @@
 
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
-use crate::harness::{
-    ADMIN, Admin, CALLER, RegistryProcess, WORKER, WorkerProcess, eventually, injected, metric_sum,
-    peer, registry, sqlite,
-};
+use crate::harness::{ADMIN, CALLER, WorkerProcess, eventually, injected, metric_sum, peer};
 use crate::openai_sdk::sdk_python;
+use crate::stack::Stack;
 
 fn store_record(server_id: &str, isolation: &str) -> Value {
     json!({
@@ -28,139 +25,113 @@ fn store_record(server_id: &str, isolation: &str) -> Value {
     })
 }
 
-struct Stack {
-    _dir: TempDir,
-    registry: RegistryProcess,
-    admin: Admin,
-    worker: WorkerProcess,
-    client: reqwest::Client,
-}
-
 /// A second caller token of the worker (task `default`, like [`CALLER`]).
 const OTHER: &str = "e2e-other-caller-token";
 
-impl Stack {
-    /// A registry with a per-session and a shared store, and a worker with
-    /// `pool` as its `[pool]` section and callers [`CALLER`] and [`OTHER`].
-    async fn start(pool: &str) -> Stack {
-        let (dir, db_url) = sqlite();
-        let config = dir.path().join("worker.toml");
-        std::fs::write(&config, format!("[pool]\n{pool}\n")).expect("worker config");
-        let registry = registry(&db_url, None).await;
-        let admin = Admin::new(&registry, ADMIN);
-        admin.upsert(store_record("isolated", "per_session")).await;
-        let revision = admin.upsert(store_record("shared", "shared")).await;
-        let worker = WorkerProcess::start(
-            &registry.grpc_url(),
-            WORKER,
-            CALLER,
-            &[
-                "--config",
-                config.to_str().expect("utf-8 path"),
-                "--caller-token",
-                OTHER,
-            ],
-        )
-        .await;
-        worker.synced(revision, Duration::from_secs(10)).await;
-        Stack {
-            _dir: dir,
-            registry,
-            admin,
-            worker,
-            client: reqwest::Client::new(),
-        }
-    }
+/// A stack with a per-session and a shared store, and a worker with
+/// `pool` as its `[pool]` section and callers [`CALLER`] and [`OTHER`].
+async fn start(pool: &str) -> Stack {
+    Stack::builder()
+        .record(store_record("isolated", "per_session"))
+        .record(store_record("shared", "shared"))
+        .worker_config(&format!("[pool]\n{pool}\n"))
+        .worker_args(&["--caller-token", OTHER])
+        .start()
+        .await
+}
 
-    /// Calls `tool` of `server_id` in `session` (none: no header).
-    async fn call(
-        &self,
-        server_id: &str,
-        session: Option<&str>,
-        tool: &str,
-        arguments: Value,
-    ) -> (StatusCode, Value) {
-        self.call_as(CALLER, server_id, session, tool, arguments)
-            .await
-    }
+/// Calls `tool` of `server_id` in `session` (none: no header).
+async fn call(
+    stack: &Stack,
+    server_id: &str,
+    session: Option<&str>,
+    tool: &str,
+    arguments: Value,
+) -> (StatusCode, Value) {
+    call_as(stack, CALLER, server_id, session, tool, arguments).await
+}
 
-    /// [`call`](Self::call) with caller token `token`.
-    async fn call_as(
-        &self,
-        token: &str,
-        server_id: &str,
-        session: Option<&str>,
-        tool: &str,
-        arguments: Value,
-    ) -> (StatusCode, Value) {
-        let mut request = self
-            .client
-            .post(format!("{}/v1/mcp/tools/call", self.worker.url()))
-            .bearer_auth(token)
-            .json(&json!({"name": injected(server_id, tool), "arguments": arguments}));
-        if let Some(session) = session {
-            request = request.header("x-quiver-session", session);
-        }
-        let response = request.send().await.expect("POST tools/call");
-        let status = response.status();
-        (status, response.json().await.expect("JSON body"))
+/// [`call`] with caller token `token`.
+async fn call_as(
+    stack: &Stack,
+    token: &str,
+    server_id: &str,
+    session: Option<&str>,
+    tool: &str,
+    arguments: Value,
+) -> (StatusCode, Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/v1/mcp/tools/call", stack.worker.url()))
+        .bearer_auth(token)
+        .json(&json!({"name": injected(server_id, tool), "arguments": arguments}));
+    if let Some(session) = session {
+        request = request.header("x-quiver-session", session);
     }
+    let response = request.send().await.expect("POST tools/call");
+    let status = response.status();
+    (status, response.json().await.expect("JSON body"))
+}
 
-    async fn put(&self, server_id: &str, session: &str, value: &str) {
-        let (status, body) = self
-            .call(
-                server_id,
-                Some(session),
-                "put",
-                json!({"key": "k", "value": value}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-    }
+async fn put(stack: &Stack, server_id: &str, session: &str, value: &str) {
+    let (status, body) = call(
+        stack,
+        server_id,
+        Some(session),
+        "put",
+        json!({"key": "k", "value": value}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
 
-    /// The value `get` answers in `session`, and the pid that answered.
-    async fn get(&self, server_id: &str, session: &str) -> (String, i32) {
-        self.get_as(CALLER, server_id, session).await
-    }
+/// The value `get` answers in `session`, and the pid that answered.
+async fn get(stack: &Stack, server_id: &str, session: &str) -> (String, i32) {
+    get_as(stack, CALLER, server_id, session).await
+}
 
-    /// [`get`](Self::get) with caller token `token`.
-    async fn get_as(&self, token: &str, server_id: &str, session: &str) -> (String, i32) {
-        let (status, body) = self
-            .call_as(token, server_id, Some(session), "get", json!({"key": "k"}))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let text = body["content"][0]["text"]
-            .as_str()
-            .expect("text")
-            .to_owned();
-        let (value, pid) = text.rsplit_once('@').expect("value@pid");
-        (value.to_owned(), pid.parse().expect("pid"))
-    }
+/// [`get`] with caller token `token`.
+async fn get_as(stack: &Stack, token: &str, server_id: &str, session: &str) -> (String, i32) {
+    let (status, body) = call_as(
+        stack,
+        token,
+        server_id,
+        Some(session),
+        "get",
+        json!({"key": "k"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body["content"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    let (value, pid) = text.rsplit_once('@').expect("value@pid");
+    (value.to_owned(), pid.parse().expect("pid"))
+}
 
-    async fn end_session(&self, session: &str) -> (StatusCode, Value) {
-        self.end_session_as(CALLER, session).await
-    }
+async fn end_session(stack: &Stack, session: &str) -> (StatusCode, Value) {
+    end_session_as(stack, CALLER, session).await
+}
 
-    /// [`end_session`](Self::end_session) with caller token `token`.
-    async fn end_session_as(&self, token: &str, session: &str) -> (StatusCode, Value) {
-        let response = self
-            .client
-            .delete(format!("{}/v1/sessions/{session}", self.worker.url()))
-            .bearer_auth(token)
-            .send()
-            .await
-            .expect("DELETE session");
-        let status = response.status();
-        (status, response.json().await.expect("JSON body"))
-    }
+/// [`end_session`] with caller token `token`.
+async fn end_session_as(stack: &Stack, token: &str, session: &str) -> (StatusCode, Value) {
+    let response = reqwest::Client::new()
+        .delete(format!("{}/v1/sessions/{session}", stack.worker.url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("DELETE session");
+    let status = response.status();
+    (status, response.json().await.expect("JSON body"))
+}
 
-    async fn sessions_of(&self, server_id: &str) -> u64 {
-        self.worker
-            .server(server_id)
-            .await
-            .and_then(|s| s["sessions"].as_u64())
-            .unwrap_or(0)
-    }
+async fn sessions_of(stack: &Stack, server_id: &str) -> u64 {
+    stack
+        .worker
+        .server(server_id)
+        .await
+        .and_then(|s| s["sessions"].as_u64())
+        .unwrap_or(0)
 }
 
 fn alive(pid: i32) -> bool {
@@ -176,15 +147,15 @@ fn alive(pid: i32) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_session_servers_keep_sessions_apart() {
-    let stack = Stack::start("").await;
+    let stack = start("").await;
 
     // Isolated: session B does not see session A's value; each has a process.
-    stack.put("isolated", "A", "alpha").await;
-    let (b_value, b_pid) = stack.get("isolated", "B").await;
-    let (a_value, a_pid) = stack.get("isolated", "A").await;
+    put(&stack, "isolated", "A", "alpha").await;
+    let (b_value, b_pid) = get(&stack, "isolated", "B").await;
+    let (a_value, a_pid) = get(&stack, "isolated", "A").await;
     assert_eq!((a_value.as_str(), b_value.as_str()), ("alpha", ""));
     assert_ne!(a_pid, b_pid);
-    assert_eq!(stack.sessions_of("isolated").await, 2);
+    assert_eq!(sessions_of(&stack, "isolated").await, 2);
     let metrics = format!("{}/metrics", stack.worker.url());
     assert_eq!(
         metric_sum(
@@ -199,7 +170,7 @@ async fn per_session_servers_keep_sessions_apart() {
     // The registry (and its web admin) show the live sessions per server,
     // from the worker's status reports.
     let workers_url = format!("{}/admin/api/workers", stack.registry.http_url());
-    let client = &stack.client;
+    let client = &reqwest::Client::new();
     eventually(
         Duration::from_secs(20),
         "sessions in the worker's report",
@@ -223,13 +194,11 @@ async fn per_session_servers_keep_sessions_apart() {
     .await;
 
     // Shared: one store for everyone.
-    stack.put("shared", "A", "beta").await;
-    assert_eq!(stack.get("shared", "B").await.0, "beta");
+    put(&stack, "shared", "A", "beta").await;
+    assert_eq!(get(&stack, "shared", "B").await.0, "beta");
 
     // No session: refused, naming the header; nothing shared silently.
-    let (status, body) = stack
-        .call("isolated", None, "get", json!({"key": "k"}))
-        .await;
+    let (status, body) = call(&stack, "isolated", None, "get", json!({"key": "k"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["code"], "invalid_request");
     assert!(
@@ -240,7 +209,7 @@ async fn per_session_servers_keep_sessions_apart() {
     );
 
     // Ending session A ends its process; A starts afresh; B is untouched.
-    let (status, body) = stack.end_session("A").await;
+    let (status, body) = end_session(&stack, "A").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["connections_ended"], 1);
     eventually(
@@ -249,18 +218,17 @@ async fn per_session_servers_keep_sessions_apart() {
         || async { (!alive(a_pid)).then_some(()) },
     )
     .await;
-    let (fresh, fresh_pid) = stack.get("isolated", "A").await;
+    let (fresh, fresh_pid) = get(&stack, "isolated", "A").await;
     assert_eq!(fresh, "");
     assert_ne!(fresh_pid, a_pid);
-    assert_eq!(stack.get("isolated", "B").await, (String::new(), b_pid));
-    let (status, _) = stack.end_session("no-such-session").await;
+    assert_eq!(get(&stack, "isolated", "B").await, (String::new(), b_pid));
+    let (status, _) = end_session(&stack, "no-such-session").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     // A record change starts every session afresh.
     let mut changed = store_record("isolated", "per_session");
     changed["budgets"] = json!({"tool_timeout_ms": 20000});
-    let revision = stack.admin.upsert(changed).await;
-    stack.worker.synced(revision, Duration::from_secs(10)).await;
+    stack.upsert(changed).await;
     eventually(
         Duration::from_secs(10),
         "old session processes ended",
@@ -269,9 +237,9 @@ async fn per_session_servers_keep_sessions_apart() {
     .await;
 
     // Shutdown leaves no process behind.
-    let (_, c_pid) = stack.get("isolated", "C").await;
+    let (_, c_pid) = get(&stack, "isolated", "C").await;
     let mut stack = stack;
-    let (status, _) = stack.worker.terminate(Duration::from_secs(15)).await;
+    let (status, _) = stack.worker_mut().terminate(Duration::from_secs(15)).await;
     assert!(status.success(), "worker exit {status}");
     assert!(!alive(c_pid), "session process {c_pid} outlived the worker");
 }
@@ -281,14 +249,19 @@ async fn session_connections_are_capped_and_expire_when_idle() {
     let stack =
         // Idle long enough that the live sessions outlast the refusal below
         // on a loaded machine; short enough for the test to see them end.
-        Stack::start("max_session_connections_per_server = 2\nsession_idle_timeout_ms = 5000")
+        start("max_session_connections_per_server = 2\nsession_idle_timeout_ms = 5000")
             .await;
-    let (_, first) = stack.get("isolated", "one").await;
-    stack.get("isolated", "two").await;
+    let (_, first) = get(&stack, "isolated", "one").await;
+    get(&stack, "isolated", "two").await;
     // A third session is refused; the two live ones are not evicted.
-    let (status, body) = stack
-        .call("isolated", Some("three"), "get", json!({"key": "k"}))
-        .await;
+    let (status, body) = call(
+        &stack,
+        "isolated",
+        Some("three"),
+        "get",
+        json!({"key": "k"}),
+    )
+    .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "mcp_unavailable");
     assert!(
@@ -297,15 +270,20 @@ async fn session_connections_are_capped_and_expire_when_idle() {
             .is_some_and(|m| m.contains("session capacity")),
         "{body}"
     );
-    assert_eq!(stack.get("isolated", "one").await.1, first);
+    assert_eq!(get(&stack, "isolated", "one").await.1, first);
     // Idle sessions end (their processes too), which makes room again.
     eventually(Duration::from_secs(30), "idle sessions ended", || async {
-        (stack.sessions_of("isolated").await == 0 && !alive(first)).then_some(())
+        (sessions_of(&stack, "isolated").await == 0 && !alive(first)).then_some(())
     })
     .await;
-    let (status, body) = stack
-        .call("isolated", Some("three"), "get", json!({"key": "k"}))
-        .await;
+    let (status, body) = call(
+        &stack,
+        "isolated",
+        Some("three"),
+        "get",
+        json!({"key": "k"}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
@@ -401,7 +379,7 @@ impl McpSession {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_sessions_are_the_sessions_of_per_session_servers() {
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     let one = McpSession::open(&stack.worker, "isolated").await;
     let two = McpSession::open(&stack.worker, "isolated").await;
     one.call("put", json!({"key": "k", "value": "mine"})).await;
@@ -432,39 +410,30 @@ async fn mcp_sessions_are_the_sessions_of_per_session_servers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_sets_its_own_session_idle_time() {
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     let mut quick = store_record("quick", "per_session");
     quick["budgets"] = json!({"session_idle_ms": 1000});
-    let revision = stack.admin.upsert(quick).await;
-    stack.worker.synced(revision, Duration::from_secs(10)).await;
-    let (_, pid) = stack.get("quick", "s").await;
-    let (_, kept) = stack.get("isolated", "s").await;
+    stack.upsert(quick).await;
+    let (_, pid) = get(&stack, "quick", "s").await;
+    let (_, kept) = get(&stack, "isolated", "s").await;
     // The record's 1 s applies to its sessions; the worker's 10 minutes to
     // the other record's.
     eventually(
         Duration::from_secs(10),
         "the quick session ended",
-        || async { (stack.sessions_of("quick").await == 0 && !alive(pid)).then_some(()) },
+        || async { (sessions_of(&stack, "quick").await == 0 && !alive(pid)).then_some(()) },
     )
     .await;
-    assert_eq!(stack.sessions_of("isolated").await, 1);
+    assert_eq!(sessions_of(&stack, "isolated").await, 1);
     assert!(alive(kept));
     // Out of bounds: refused naming the field.
     let mut bad = store_record("bad", "per_session");
     bad["budgets"] = json!({"session_idle_ms": 10});
-    let response = stack
-        .client
-        .post(format!(
-            "{}/admin/api/mcp/servers",
-            stack.registry.http_url()
-        ))
-        .bearer_auth(ADMIN)
-        .json(&bad)
-        .send()
-        .await
-        .expect("POST record");
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let body: Value = response.json().await.expect("error JSON");
+    let (status, body) = stack
+        .admin
+        .rest(Method::POST, "/admin/api/mcp/servers", Some(bad))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"]["field"], "budgets.session_idle_ms", "{body}");
 }
 
@@ -473,28 +442,28 @@ async fn a_record_sets_its_own_session_idle_time() {
 /// does not end A's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_name_is_its_callers_own() {
-    let stack = Stack::start("").await;
-    stack.put("isolated", "alice-sess", "alice-secret").await;
-    let (_, alice_pid) = stack.get("isolated", "alice-sess").await;
+    let stack = start("").await;
+    put(&stack, "isolated", "alice-sess", "alice-secret").await;
+    let (_, alice_pid) = get(&stack, "isolated", "alice-sess").await;
 
     // B cannot end A's session: B has none of that name.
-    let (status, body) = stack.end_session_as(OTHER, "alice-sess").await;
+    let (status, body) = end_session_as(&stack, OTHER, "alice-sess").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["code"], "not_found", "{body}");
     assert!(alive(alice_pid));
     assert_eq!(
-        stack.get("isolated", "alice-sess").await,
+        get(&stack, "isolated", "alice-sess").await,
         ("alice-secret".to_owned(), alice_pid)
     );
 
     // B naming it gets its own, empty store in another process.
-    let (bobs, bob_pid) = stack.get_as(OTHER, "isolated", "alice-sess").await;
+    let (bobs, bob_pid) = get_as(&stack, OTHER, "isolated", "alice-sess").await;
     assert_eq!(bobs, "", "B read A's session state");
     assert_ne!(bob_pid, alice_pid);
-    assert_eq!(stack.sessions_of("isolated").await, 2);
+    assert_eq!(sessions_of(&stack, "isolated").await, 2);
 
     // B ends its own session of that name; A's lives on.
-    let (status, body) = stack.end_session_as(OTHER, "alice-sess").await;
+    let (status, body) = end_session_as(&stack, OTHER, "alice-sess").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["connections_ended"], 1);
     eventually(
@@ -504,7 +473,7 @@ async fn a_session_name_is_its_callers_own() {
     )
     .await;
     assert_eq!(
-        stack.get("isolated", "alice-sess").await,
+        get(&stack, "isolated", "alice-sess").await,
         ("alice-secret".to_owned(), alice_pid)
     );
 }
@@ -516,7 +485,7 @@ async fn a_session_name_is_its_callers_own() {
 /// with `DELETE /v1/sessions/{id}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_session_is_not_reachable_by_its_id_on_the_tool_api() {
-    let stack = Stack::start("").await;
+    let stack = start("").await;
     let gateway = McpSession::open(&stack.worker, "isolated").await;
     gateway
         .call("put", json!({"key": "k", "value": "gateway-secret"}))
@@ -528,9 +497,9 @@ async fn a_gateway_session_is_not_reachable_by_its_id_on_the_tool_api() {
     let inner = gateway.id.split('.').next().expect("inner id").to_owned();
 
     for token in [OTHER, CALLER] {
-        let (status, body) = stack.end_session_as(token, &inner).await;
+        let (status, body) = end_session_as(&stack, token, &inner).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-        let (value, pid) = stack.get_as(token, "isolated", &inner).await;
+        let (value, pid) = get_as(&stack, token, "isolated", &inner).await;
         assert_eq!(
             value, "",
             "the tool API reached the gateway session's state"
@@ -547,15 +516,12 @@ async fn a_gateway_session_is_not_reachable_by_its_id_on_the_tool_api() {
 /// another caller still opens one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_caller_cannot_take_every_session_slot() {
-    let stack = Stack::start(
-        "max_session_connections_per_caller = 2\nmax_session_connections_per_server = 3",
-    )
-    .await;
-    let (_, first) = stack.get("isolated", "a1").await;
-    stack.get("isolated", "a2").await;
-    let (status, body) = stack
-        .call("isolated", Some("a3"), "get", json!({"key": "k"}))
-        .await;
+    let stack =
+        start("max_session_connections_per_caller = 2\nmax_session_connections_per_server = 3")
+            .await;
+    let (_, first) = get(&stack, "isolated", "a1").await;
+    get(&stack, "isolated", "a2").await;
+    let (status, body) = call(&stack, "isolated", Some("a3"), "get", json!({"key": "k"})).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "mcp_unavailable");
     assert!(
@@ -564,10 +530,16 @@ async fn one_caller_cannot_take_every_session_slot() {
             .is_some_and(|m| m.contains("max_session_connections_per_caller = 2")),
         "{body}"
     );
-    assert_eq!(stack.get("isolated", "a1").await.1, first, "not evicted");
-    let (status, body) = stack
-        .call_as(OTHER, "isolated", Some("b1"), "get", json!({"key": "k"}))
-        .await;
+    assert_eq!(get(&stack, "isolated", "a1").await.1, first, "not evicted");
+    let (status, body) = call_as(
+        &stack,
+        OTHER,
+        "isolated",
+        Some("b1"),
+        "get",
+        json!({"key": "k"}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(stack.sessions_of("isolated").await, 3);
+    assert_eq!(sessions_of(&stack, "isolated").await, 3);
 }

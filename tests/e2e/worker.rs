@@ -15,12 +15,12 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::harness::{
-    McpServerProcess, ProcStat, Stack, WorkerProcess, eventually, proc_stat, processes,
-    testkit_mcp_bin,
+    McpServerProcess, ProcStat, WorkerProcess, eventually, proc_stat, processes, testkit_mcp_bin,
 };
-// The e2e tokens and record helpers live in the harness (its `Stack` uses
+// The e2e tokens and record helpers live in the harness (the `Stack` uses
 // them); the other test modules import them from here.
 pub(crate) use crate::harness::{ADMIN, CALLER, WORKER, injected, registry, stdio_record};
+use crate::stack::Stack;
 
 /// Sorted injected names of `tools` on each of `servers`.
 fn names(servers: &[&str], tools: &[&str]) -> Vec<String> {
@@ -63,7 +63,7 @@ async fn stats(worker: &WorkerProcess, server_id: &str) -> Value {
 async fn worker_end_to_end() {
     let http_server = McpServerProcess::start("streamable-http").await;
     let sse_server = McpServerProcess::start("sse").await;
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     let (admin, worker) = (&stack.admin, &stack.worker);
 
     admin
@@ -182,7 +182,7 @@ async fn worker_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_budgets() {
-    let stack = Stack::sqlite().await;
+    let stack = Stack::builder().start().await;
     let (admin, worker) = (&stack.admin, &stack.worker);
     let mut record = stdio_record("budget-conc", &["inflight", "stats"]);
     record["budgets"] = json!({"max_concurrency": 4});
@@ -291,7 +291,7 @@ async fn worker_budgets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_faults() {
-    let mut stack = Stack::sqlite().await;
+    let mut stack = Stack::builder().start().await;
     let admin = &stack.admin;
     let mut crashy = stdio_record("crashy", &["counter", "crash"]);
     // A crash must surface as unavailable, not wait for the default 30 s.
@@ -463,7 +463,7 @@ async fn worker_faults() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_registry_down() {
-    let mut stack = Stack::sqlite().await;
+    let mut stack = Stack::builder().start().await;
     let rev1 = stack.admin.upsert(stdio_record("steady", &["echo"])).await;
     stack.synced(rev1).await;
     let worker = &stack.worker;

@@ -10,8 +10,8 @@ import { servers as serversApi, workers as workersApi } from './api.js';
 import { h, replace, toast, dialog, confirmDialog, stateBox, loading, timeEl, debounce, formatTime } from './dom.js';
 import { diffRecords, renderDiff } from './diff.js';
 import {
-  MASK, DEFAULT_BUDGETS, TRANSPORTS, clone, contentOf, equal, setPath, deletePath, sourceKind,
-  transportLabel,
+  MASK, TRANSPORTS, clone, contentOf, equal, setPath, deletePath, sourceKind, transportLabel,
+  loadRecordDefaults,
 } from './record.js';
 import { serverStatus, stateBadge, statusTitle } from './status.js';
 import { sourceBadge } from './servers.js';
@@ -51,6 +51,7 @@ export function serverPage(ctx, { id }) {
     preview: null, // last preview, normalized
     evaluatedKey: '',
     workers: [],
+    defaults: null, // what the registry gives fields a record leaves out
   };
 
   const evaluateSoon = debounce(() => evaluate(), 350);
@@ -607,6 +608,7 @@ export function serverPage(ctx, { id }) {
     const r = state.base;
     const transport = r.transport ?? 'stdio';
     const budgets = r.budgets ?? {};
+    const defaultBudgets = state.defaults.budgets;
 
     const serverIdInput = isNew
       ? textInput('server_id', '', { placeholder: 'e.g. github', mono: true })
@@ -681,9 +683,9 @@ export function serverPage(ctx, { id }) {
 
     const budgetsCard = card('Budgets', 'Enforced by every worker for this server.',
       h('div', { class: 'grid-3' },
-        field('budgets.tool_timeout_ms', 'Tool timeout (ms)', numberInput('budgets.tool_timeout_ms', budgets.tool_timeout_ms, DEFAULT_BUDGETS.tool_timeout_ms), `Default ${DEFAULT_BUDGETS.tool_timeout_ms}.`),
-        field('budgets.max_concurrency', 'Max concurrency', numberInput('budgets.max_concurrency', budgets.max_concurrency, DEFAULT_BUDGETS.max_concurrency), `Calls in flight per worker. Default ${DEFAULT_BUDGETS.max_concurrency}.`),
-        field('budgets.max_tool_output_bytes', 'Max tool output (bytes)', numberInput('budgets.max_tool_output_bytes', budgets.max_tool_output_bytes, DEFAULT_BUDGETS.max_tool_output_bytes), `Longer output is cut and marked. Default ${DEFAULT_BUDGETS.max_tool_output_bytes}.`),
+        field('budgets.tool_timeout_ms', 'Tool timeout (ms)', numberInput('budgets.tool_timeout_ms', budgets.tool_timeout_ms, defaultBudgets.tool_timeout_ms), `Default ${defaultBudgets.tool_timeout_ms}.`),
+        field('budgets.max_concurrency', 'Max concurrency', numberInput('budgets.max_concurrency', budgets.max_concurrency, defaultBudgets.max_concurrency), `Calls in flight per worker. Default ${defaultBudgets.max_concurrency}.`),
+        field('budgets.max_tool_output_bytes', 'Max tool output (bytes)', numberInput('budgets.max_tool_output_bytes', budgets.max_tool_output_bytes, defaultBudgets.max_tool_output_bytes), `Longer output is cut and marked. Default ${defaultBudgets.max_tool_output_bytes}.`),
         field('budgets.session_idle_ms', 'Session idle time (ms)', numberInput('budgets.session_idle_ms', budgets.session_idle_ms, 'worker default'), 'isolation = "per_session": a session unused this long ends (1000 to 86400000). Empty: the worker\'s.')));
     const budgetsError = errorSlot(budgetsCard);
     budgetsCard.append(budgetsError.slot);
@@ -874,16 +876,26 @@ export function serverPage(ctx, { id }) {
 
   (async () => {
     if (isNew) {
+      try {
+        state.defaults = await loadRecordDefaults();
+      } catch (err) {
+        if (state.disposed) return;
+        replace(el, stateBox({ title: 'Cannot prepare the form', text: err.message, kind: 'error', testid: 'error-state' }));
+        return;
+      }
+      if (state.disposed) return;
       renderForm(null);
       return;
     }
     try {
-      const [stored, report] = await Promise.all([
+      const [stored, report, defaults] = await Promise.all([
         serversApi.get(id),
         workersApi().catch(() => ({ workers: [] })),
+        loadRecordDefaults(),
       ]);
       if (state.disposed) return;
       state.workers = report?.workers ?? [];
+      state.defaults = defaults;
       renderForm(stored);
     } catch (err) {
       if (state.disposed) return;

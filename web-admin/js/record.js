@@ -1,17 +1,28 @@
 // The MCP server record (docs/reference.md §1) as JSON: metadata, paths, defaults.
 
+import { api } from './api.js';
+
 /** What a masked secret reads as; sent back unchanged, the registry keeps the stored value. */
 export const MASK = '********';
 
 /** Fields of a stored record that are not part of its content (never sent back). */
 export const METADATA = ['revision', 'created_at', 'updated_at', 'updated_by', 'source', 'unchanged', 'masked'];
 
-/** Defaults the registry applies (docs/reference.md §1). */
-export const DEFAULT_BUDGETS = {
-  tool_timeout_ms: 30000,
-  max_concurrency: 8,
-  max_tool_output_bytes: 65536,
-};
+let defaultsAnswer = null;
+
+/**
+ * The defaults the registry applies to fields a record leaves out
+ * (docs/reference.md §1), as it serves them from the Rust `Default`s
+ * (`GET record-defaults`): `{budgets: {...}}`. Fetched once and shared; a
+ * failed fetch is tried again by the next call.
+ */
+export function loadRecordDefaults() {
+  defaultsAnswer ??= api('GET', 'record-defaults').catch((err) => {
+    defaultsAnswer = null;
+    throw err;
+  });
+  return defaultsAnswer;
+}
 
 /**
  * The transports (docs/reference.md §1) as [value, label] pairs, in the order

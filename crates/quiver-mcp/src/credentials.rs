@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::error::AuthorizationRequired;
+use crate::error::{AuthorizationRequired, McpError};
 
 /// Which grant of an OAuth connection tokens are asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -91,6 +91,21 @@ pub enum CredentialError {
     /// unreachable); the message says which.
     #[error("{0}")]
     Unavailable(String),
+}
+
+// Lives with the credential refusal rather than in `error`, so the error
+// module stays below every module that reports through it.
+impl From<CredentialError> for McpError {
+    fn from(err: CredentialError) -> Self {
+        match err {
+            CredentialError::AuthorizationRequired(required) => {
+                McpError::AuthorizationRequired(required)
+            }
+            CredentialError::Unavailable(message) | CredentialError::NoCaller(message) => {
+                McpError::Unavailable(message)
+            }
+        }
+    }
 }
 
 /// Why a token is asked for again.

@@ -310,7 +310,11 @@ mod tests {
             "http://127.0.0.1:8080/mcp",
         ] {
             let err = p.check_static(&url(denied)).unwrap().unwrap_err();
-            assert_eq!(err.code(), crate::ErrorCode::McpPolicyDenied, "{denied}");
+            assert_eq!(
+                err.code(),
+                quiver_model::ErrorCode::McpPolicyDenied,
+                "{denied}"
+            );
             assert!(!err.retryable());
             assert!(err.to_string().contains("--egress-allow-host"), "{err}");
         }
@@ -373,7 +377,7 @@ mod tests {
             .check(&url("http://localhost:8123/mcp"))
             .await
             .unwrap_err();
-        assert_eq!(err.code(), crate::ErrorCode::McpPolicyDenied);
+        assert_eq!(err.code(), quiver_model::ErrorCode::McpPolicyDenied);
         assert!(err.to_string().contains("\"localhost\""), "{err}");
     }
 

@@ -1,6 +1,6 @@
 //! Errors of MCP calls, each with its code of the [`ErrorCode`] table.
 
-use crate::code::ErrorCode;
+use quiver_model::ErrorCode;
 
 /// Why an MCP operation failed. Every variant maps to one [`ErrorCode`].
 #[derive(Debug, Clone, thiserror::Error)]
@@ -124,19 +124,5 @@ impl McpError {
     /// Whether retrying the same call later may succeed.
     pub fn retryable(&self) -> bool {
         matches!(self, McpError::Unavailable(_) | McpError::Timeout(_))
-    }
-}
-
-impl From<crate::credentials::CredentialError> for McpError {
-    fn from(err: crate::credentials::CredentialError) -> Self {
-        match err {
-            crate::credentials::CredentialError::AuthorizationRequired(required) => {
-                McpError::AuthorizationRequired(required)
-            }
-            crate::credentials::CredentialError::Unavailable(message)
-            | crate::credentials::CredentialError::NoCaller(message) => {
-                McpError::Unavailable(message)
-            }
-        }
     }
 }

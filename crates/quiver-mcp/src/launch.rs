@@ -207,7 +207,7 @@ mod tests {
             auth_ref: None,
         });
         let err = launch(&spec, &env()).unwrap_err();
-        assert_eq!(err.code(), crate::ErrorCode::McpUnavailable);
+        assert_eq!(err.code(), quiver_model::ErrorCode::McpUnavailable);
         assert!(err.to_string().contains("MISSING"), "{err}");
         assert!(
             err.to_string().contains("http.headers.Authorization"),

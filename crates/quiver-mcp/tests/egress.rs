@@ -48,14 +48,14 @@ async fn a_resolved_host_outside_the_cidrs_is_refused_every_time() {
         let err = pool.list_tools(&record).await.unwrap_err();
         assert_eq!(
             err.code(),
-            quiver_mcp::ErrorCode::McpPolicyDenied,
+            quiver_model::ErrorCode::McpPolicyDenied,
             "attempt {attempt}: {err}"
         );
         assert!(err.to_string().contains("\"localhost\""), "{err}");
         let err = pool.call_tool(&record, "echo", None).await.unwrap_err();
         assert_eq!(
             err.code(),
-            quiver_mcp::ErrorCode::McpPolicyDenied,
+            quiver_model::ErrorCode::McpPolicyDenied,
             "attempt {attempt}: {err}"
         );
     }
@@ -83,7 +83,7 @@ async fn hosts_allowed_by_name_or_cidr_connect_and_literals_outside_are_refused_
     named.list_tools(&server("named", &by_name)).await.unwrap();
     let literal = server("literal", http.url());
     let err = named.list_tools(&literal).await.unwrap_err();
-    assert_eq!(err.code(), quiver_mcp::ErrorCode::McpPolicyDenied);
+    assert_eq!(err.code(), quiver_model::ErrorCode::McpPolicyDenied);
     assert!(!err.retryable());
     // Refused when the entry is built: down before any connect.
     assert!(

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quiver_mcp::{ErrorCode, HealthState, JsonObject, McpPool, PoolOptions};
-use quiver_model::{McpServerSpec, Source, StdioConfig, StoredServer, Transport};
+use quiver_mcp::{HealthState, JsonObject, McpPool, PoolOptions};
+use quiver_model::{ErrorCode, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use serde_json::json;
 

@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_mcp::{
-    CallOptions, ErrorCode, HealthState, JsonObject, McpError, McpPool, PoolOptions, UpstreamInput,
+    CallOptions, HealthState, JsonObject, McpError, McpPool, PoolOptions, UpstreamInput,
 };
 use quiver_model::{
-    HttpConfig, McpServerSpec, Protocol, Source, StdioConfig, StoredServer, Transport,
+    ErrorCode, HttpConfig, McpServerSpec, Protocol, Source, StdioConfig, StoredServer, Transport,
 };
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use serde_json::{Value, json};
@@ -323,7 +323,6 @@ async fn input_required_reaches_the_caller_and_its_answers_reach_the_server() {
     };
     assert_eq!(err.code(), ErrorCode::McpInputRequired);
     assert_eq!(err.code().as_str(), "mcp_input_required");
-    assert_eq!(err.code().http_status(), http::StatusCode::CONFLICT);
     assert!(!err.retryable());
     let keys: Vec<String> = asked
         .input_requests

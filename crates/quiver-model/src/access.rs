@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::FieldError;
 use crate::policy::TaskPolicy;
-use crate::stored::Source;
+use crate::source::Source;
 
 /// Longest policy, key or provider name.
 pub const MAX_ACCESS_NAME_LEN: usize = 64;

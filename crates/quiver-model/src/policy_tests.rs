@@ -1,7 +1,13 @@
 //! Tests of `policy`: the registry, task and session layers, the injected names and every reason a tool is left out.
 
+use std::collections::BTreeSet;
+
 use super::*;
-use crate::record::{PrefixOp, PrefixReplace, StdioConfig, TransformStep, Transport};
+use crate::naming::ToolNameError;
+use crate::record::{
+    McpServerSpec, PrefixOp, PrefixReplace, StdioConfig, TransformStep, Transport,
+};
+use crate::resource_uri::UriRefusal;
 
 fn spec(server_id: &str, allowed: &[&str], denied: &[&str]) -> McpServerSpec {
     let mut spec = McpServerSpec::new(server_id, Transport::Stdio);

@@ -1,6 +1,6 @@
 //! Approvals on the registry (docs/reference.md §13.7): workers request and
-//! use them over gRPC, approvers decide them over REST (`/admin/api/approvals`)
-//! or the web admin. Every state change is one audit line (target
+//! use them over gRPC, approvers decide them over REST (`/admin/api/approvals`,
+//! handled by `rest::approvals`) or the web admin. Every state change is one audit line (target
 //! `quiver::audit`) and one count in `quiver_approvals_total{state}`.
 //!
 //! Expiry is applied lazily: every read and decision first marks approvals
@@ -8,30 +8,18 @@
 //! them); the store's use and decide statements also check the expiry
 //! themselves, so a sweep that has not run yet never lets one through.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use quiver_model::approval::{
     Approval, ApprovalBinding, ApprovalDecision, ApprovalState, UseOutcome, arguments_from_json,
-    canonical_arguments_hash, masked_arguments,
+    canonical_arguments_hash,
 };
 use quiver_store::{DecideOutcome, NewApproval};
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::error::RegistryError;
-use crate::rest::{Params, RequireApprovalReader, RequireApprover};
 use crate::state::RegistryState;
-
-/// How long an approval waits for its decision and then for its one use
-/// when the registry is not told otherwise (`--approval-ttl-secs`).
-pub const DEFAULT_APPROVAL_TTL: Duration = Duration::from_secs(900);
+// The defaults live with the settings they are defaults of, on the state.
+pub use crate::state::{
+    DEFAULT_APPROVAL_RETENTION, DEFAULT_APPROVAL_TTL, DEFAULT_MAX_PENDING_PER_CALLER,
+};
 
 /// Largest `arguments_json` an approval request may carry.
 pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
@@ -39,26 +27,9 @@ pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
 /// Longest approver note, in characters.
 pub const MAX_NOTE_CHARS: usize = 1000;
 
-/// Pending approvals one caller may have when the registry is not told
-/// otherwise (`--max-pending-approvals`).
-pub const DEFAULT_MAX_PENDING_PER_CALLER: u32 = 100;
-
-/// How long denied, used and expired approvals are kept after their expiry
-/// when the registry is not told otherwise (`--approval-retention-secs`).
-pub const DEFAULT_APPROVAL_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-
 /// Finished approvals one purge statement deletes, and statements per sweep.
 const PURGE_BATCH: u32 = 1000;
 const PURGE_BATCHES_PER_SWEEP: u32 = 10;
-
-/// Arguments (as masked JSON text) longer than this are summarised in
-/// lists: a preview of this many bytes, their size and hash; `GET` of one
-/// approval shows them whole.
-pub const LIST_ARGUMENTS_BYTES: usize = 4096;
-
-/// Approvals a list returns when the caller names no limit, and at most.
-const LIST_DEFAULT_LIMIT: u32 = 200;
-const LIST_MAX_LIMIT: u32 = 1000;
 
 /// Longest task, server id or tool name an approval binds.
 const MAX_NAME_CHARS: usize = 256;
@@ -249,7 +220,8 @@ impl RegistryState {
     /// Approves or denies a pending approval; NOT_FOUND or
     /// `approval_not_pending` (409) otherwise.
     /// `decided_by` is the authenticated credential; `via` a display note
-    /// (the client's `x-quiver-actor`), audited only.
+    /// (the client's `x-quiver-actor`), audited only. A blank `note` is
+    /// none; one over [`MAX_NOTE_CHARS`] is refused.
     pub async fn decide_approval(
         &self,
         approval_id: &str,
@@ -258,6 +230,15 @@ impl RegistryState {
         via: &str,
         note: Option<String>,
     ) -> Result<Approval, RegistryError> {
+        let note = note.filter(|note| !note.trim().is_empty());
+        if let Some(note) = &note
+            && note.chars().count() > MAX_NOTE_CHARS
+        {
+            return Err(RegistryError::invalid(
+                "note",
+                format!("longer than {MAX_NOTE_CHARS} characters"),
+            ));
+        }
         self.expire_approvals().await?;
         match self
             .store
@@ -307,138 +288,4 @@ impl RegistryState {
         }
         Ok((outcome, approval))
     }
-}
-
-/// Routes of the approvals API, merged into the admin API at `/admin/api`.
-pub fn router() -> Router<RegistryState> {
-    Router::new()
-        .route("/approvals", get(list))
-        .route("/approvals/{id}", get(show).post(decide))
-}
-
-/// Who decides is the authenticated credential's role (`decided_by`:
-/// `approver` or `admin`); the client's `x-quiver-actor` header is only a
-/// display note in the audit line, never the identity.
-fn display_note(headers: &HeaderMap) -> String {
-    crate::state::actor_name(
-        headers
-            .get(crate::rest::ACTOR_HEADER)
-            .and_then(|v| v.to_str().ok()),
-        "",
-    )
-}
-
-/// An approval as the REST API shows it: arguments with secret-looking
-/// keys masked (approvers decide on what the call does, not on secrets).
-pub fn presented(approval: &Approval) -> Value {
-    let mut body = json!(approval);
-    body["arguments"] = masked_arguments(&approval.arguments);
-    body
-}
-
-/// An approval as a list shows it: like [`presented`], but arguments whose
-/// masked JSON is over [`LIST_ARGUMENTS_BYTES`] are summarised:
-/// `arguments` null, `arguments_preview` (their first bytes, cut at a
-/// character boundary), `arguments_bytes` and the `arguments_hash` every
-/// approval carries; `arguments_truncated` says which.
-pub fn listed(approval: &Approval) -> Value {
-    let mut body = presented(approval);
-    let text = body["arguments"].to_string();
-    let truncated = text.len() > LIST_ARGUMENTS_BYTES;
-    if truncated {
-        let mut end = LIST_ARGUMENTS_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        body["arguments"] = Value::Null;
-        body["arguments_preview"] = json!(&text[..end]);
-        body["arguments_bytes"] = json!(text.len());
-    }
-    body["arguments_truncated"] = json!(truncated);
-    body
-}
-
-fn list_query(
-    query: &HashMap<String, String>,
-) -> Result<(Option<ApprovalState>, u32), RegistryError> {
-    let state = match query.get("state").map(String::as_str) {
-        None | Some("" | "all") => None,
-        Some(name) => Some(
-            name.parse::<ApprovalState>()
-                .map_err(|err| RegistryError::invalid("state", err.to_string()))?,
-        ),
-    };
-    let limit = match query.get("limit") {
-        None => LIST_DEFAULT_LIMIT,
-        Some(text) => text
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=LIST_MAX_LIMIT).contains(n))
-            .ok_or_else(|| {
-                RegistryError::invalid("limit", format!("must be 1 to {LIST_MAX_LIMIT}"))
-            })?,
-    };
-    Ok((state, limit))
-}
-
-async fn list(
-    _caller: RequireApprovalReader,
-    State(state): State<RegistryState>,
-    Params(query): Params,
-) -> Result<Response, RegistryError> {
-    let (filter, limit) = list_query(&query)?;
-    let approvals = state.approvals(filter, limit).await?;
-    let approvals: Vec<Value> = approvals.iter().map(listed).collect();
-    Ok(axum::Json(json!({"approvals": approvals})).into_response())
-}
-
-async fn show(
-    _caller: RequireApprovalReader,
-    State(state): State<RegistryState>,
-    Path(id): Path<String>,
-) -> Result<Response, RegistryError> {
-    let approval = state.approval(&id).await?;
-    Ok(axum::Json(presented(&approval)).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DecisionBody {
-    decision: ApprovalDecision,
-    #[serde(default)]
-    note: Option<String>,
-}
-
-async fn decide(
-    RequireApprover(caller): RequireApprover,
-    State(state): State<RegistryState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, RegistryError> {
-    let body: DecisionBody = serde_json::from_slice(&body).map_err(|err| {
-        RegistryError::invalid(
-            "decision",
-            format!("expected {{\"decision\": \"approve\" | \"deny\", \"note\"?}}: {err}"),
-        )
-    })?;
-    let note = body.note.filter(|note| !note.trim().is_empty());
-    if let Some(note) = &note
-        && note.chars().count() > MAX_NOTE_CHARS
-    {
-        return Err(RegistryError::invalid(
-            "note",
-            format!("longer than {MAX_NOTE_CHARS} characters"),
-        ));
-    }
-    let approval = state
-        .decide_approval(
-            &id,
-            body.decision,
-            caller.role.as_str(),
-            &display_note(&headers),
-            note,
-        )
-        .await?;
-    Ok(axum::Json(presented(&approval)).into_response())
 }

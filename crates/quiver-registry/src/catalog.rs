@@ -29,11 +29,32 @@ use serde_json::{Value, json};
 use crate::error::RegistryError;
 use crate::head::HeadView;
 use crate::rest::{Params, http_identity};
-use crate::server::CatalogOptions;
 use crate::state::RegistryState;
 
 /// The default namespace of entry names ([`CatalogOptions::namespace`]).
 pub const DEFAULT_NAMESPACE: &str = "local.quiver";
+
+/// The fleet as an MCP sub-registry (docs/reference.md §13.8).
+#[derive(Debug, Clone)]
+pub struct CatalogOptions {
+    /// The reverse-DNS namespace of entry names (`<namespace>/<server_id>`).
+    pub namespace: String,
+    /// The workers' public URL the entries' remotes point under
+    /// (`{worker_url}/mcp/{server_id}`); `None`: the catalog answers 503.
+    pub worker_url: Option<String>,
+    /// Serve the catalog without credentials.
+    pub anonymous: bool,
+}
+
+impl Default for CatalogOptions {
+    fn default() -> Self {
+        CatalogOptions {
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            worker_url: None,
+            anonymous: false,
+        }
+    }
+}
 
 /// The `server.json` schema the entries follow: the one frozen with API
 /// v0.1.

@@ -3,8 +3,8 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode as WorkerCode;
 use quiver_mcp::probe::{ProbeError, ProbeStep};
+use quiver_model::ErrorCode as SharedCode;
 use quiver_model::ModelError;
 use quiver_store::StoreError;
 use serde_json::json;
@@ -154,12 +154,13 @@ impl ErrorCode {
         self.mapping().2
     }
 
-    /// The table itself. Codes a worker answers with too come from the
-    /// worker's table ([`WorkerCode`]), so one string means one thing.
+    /// The table itself. Codes a worker answers with too take their string
+    /// from the shared table ([`SharedCode`]), so one string means one
+    /// thing; their gRPC code and HTTP status are mapped here, once.
     fn mapping(self) -> (&'static str, tonic::Code, StatusCode) {
         match self {
             ErrorCode::Unauthenticated => (
-                WorkerCode::Unauthenticated.as_str(),
+                SharedCode::Unauthenticated.as_str(),
                 tonic::Code::Unauthenticated,
                 StatusCode::UNAUTHORIZED,
             ),
@@ -169,7 +170,7 @@ impl ErrorCode {
                 StatusCode::FORBIDDEN,
             ),
             ErrorCode::NotFound => (
-                WorkerCode::NotFound.as_str(),
+                SharedCode::NotFound.as_str(),
                 tonic::Code::NotFound,
                 StatusCode::NOT_FOUND,
             ),
@@ -192,32 +193,33 @@ impl ErrorCode {
             // The registry is the gateway to the MCP server here, so the
             // upstream's failure is a 502/504, not the registry's own 503.
             ErrorCode::McpUnavailable => (
-                WorkerCode::McpUnavailable.as_str(),
+                SharedCode::McpUnavailable.as_str(),
                 tonic::Code::Unavailable,
                 StatusCode::BAD_GATEWAY,
             ),
             ErrorCode::McpTimeout => (
-                WorkerCode::McpTimeout.as_str(),
+                SharedCode::McpTimeout.as_str(),
                 tonic::Code::DeadlineExceeded,
                 StatusCode::GATEWAY_TIMEOUT,
             ),
+            // A worker answers the same refusal with the same 403.
             ErrorCode::McpPolicyDenied => (
-                WorkerCode::McpPolicyDenied.as_str(),
+                SharedCode::McpPolicyDenied.as_str(),
                 tonic::Code::PermissionDenied,
-                WorkerCode::McpPolicyDenied.http_status(),
+                StatusCode::FORBIDDEN,
             ),
             ErrorCode::ResourceExhausted => (
-                "resource_exhausted",
+                SharedCode::ResourceExhausted.as_str(),
                 tonic::Code::ResourceExhausted,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
             ErrorCode::PayloadTooLarge => (
-                WorkerCode::PayloadTooLarge.as_str(),
+                SharedCode::PayloadTooLarge.as_str(),
                 tonic::Code::ResourceExhausted,
                 StatusCode::PAYLOAD_TOO_LARGE,
             ),
             ErrorCode::MethodNotAllowed => (
-                WorkerCode::MethodNotAllowed.as_str(),
+                SharedCode::MethodNotAllowed.as_str(),
                 tonic::Code::Unimplemented,
                 StatusCode::METHOD_NOT_ALLOWED,
             ),
@@ -227,7 +229,7 @@ impl ErrorCode {
                 StatusCode::CONFLICT,
             ),
             ErrorCode::Internal => (
-                WorkerCode::Internal.as_str(),
+                SharedCode::Internal.as_str(),
                 tonic::Code::Internal,
                 StatusCode::INTERNAL_SERVER_ERROR,
             ),

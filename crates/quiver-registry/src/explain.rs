@@ -1,13 +1,11 @@
-//! `POST /admin/api/access/explain` (docs/reference.md §12.2): whether a
-//! caller — an API key, a key's secret, or an identity provider's subject
-//! with its claims — may call one tool, and which rule decides. It answers
+//! Whether a caller — an API key, a key's secret, or an identity
+//! provider's subject with its claims — may call one tool, and which rule
+//! decides (docs/reference.md §12.2; asked at `POST
+//! /admin/api/access/explain`, handled in `rest::access`). It answers
 //! from the in-memory head with the same decision functions workers
 //! enforce with: the provider rules of `quiver_model::access` and the policy
 //! evaluation of `quiver_model::policy`.
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use quiver_model::access::{AccessKind, AccessSpec, IdentityProviderRecord};
 use quiver_model::policy::{
@@ -17,10 +15,8 @@ use quiver_model::token::TokenDigest;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::error::{RegistryError, parse_json};
+use crate::error::RegistryError;
 use crate::head::HeadView;
-use crate::rest::RequireViewer;
-use crate::state::RegistryState;
 
 /// The body of an explain request: one way to name the caller, and the call.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -72,7 +68,7 @@ pub struct Explanation {
 }
 
 impl Explanation {
-    fn deny(code: &'static str, reason: String) -> Self {
+    pub(crate) fn deny(code: &'static str, reason: String) -> Self {
         Explanation {
             decision: "deny",
             principal: None,
@@ -319,32 +315,4 @@ pub fn explain_verified(
         ),
         None => no_rule(principal, &verified.provider),
     }
-}
-
-/// `POST /admin/api/access/explain`.
-pub(crate) async fn explain_route(
-    _caller: RequireViewer,
-    State(state): State<RegistryState>,
-    body: Bytes,
-) -> Result<Response, RegistryError> {
-    let request: ExplainRequest = parse_json(&body)?;
-    let head = state.feed.head().await?;
-    let jwt = request
-        .token
-        .as_deref()
-        .filter(|token| quiver_identity::verify::looks_like_jwt(token));
-    let answer = match jwt {
-        Some(token) if request.key_id.is_none() && request.subject.is_none() => {
-            match state.signin.verify(&head, token).await {
-                Ok(verified) => {
-                    explain_verified(&head, &verified, &request.server_id, &request.tool)
-                }
-                Err(why) => {
-                    Explanation::deny("token_refused", format!("the token is refused: {why}"))
-                }
-            }
-        }
-        _ => explain(&head, &request)?,
-    };
-    Ok(axum::Json(answer).into_response())
 }

@@ -5,8 +5,10 @@
 
 pub mod access;
 pub mod approvals;
+pub mod audit;
 pub mod auth;
 pub mod catalog;
+pub mod encoded;
 pub mod error;
 pub mod explain;
 pub mod feed;
@@ -17,7 +19,6 @@ pub mod policies_dir;
 pub mod preview;
 pub mod rest;
 mod server;
-pub mod server_json_import;
 pub mod sessions;
 pub mod signin;
 pub mod state;
@@ -25,7 +26,8 @@ pub mod usage;
 pub mod web;
 pub mod workers;
 
+pub use catalog::CatalogOptions;
 pub use server::{
-    ApprovalOptions, CatalogOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions,
-    Registry, RegistryOptions, ServeError, http_router,
+    ApprovalOptions, DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OAuthOptions, Registry,
+    RegistryOptions, ServeError, http_router,
 };

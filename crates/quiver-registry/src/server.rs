@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AuthConfig, AuthConfigError, Authenticator};
+use crate::catalog::CatalogOptions;
 use crate::error::RegistryError;
 use crate::feed::{ChangeFeed, FeedOptions};
 use crate::grpc::{GrpcApprovalService, GrpcOAuthService, GrpcService};
@@ -89,28 +90,6 @@ pub struct RegistryOptions {
     pub usage_retention: Duration,
     /// The fleet as an MCP sub-registry (`/v0.1/servers`).
     pub catalog: CatalogOptions,
-}
-
-/// The fleet as an MCP sub-registry (docs/reference.md §13.8).
-#[derive(Debug, Clone)]
-pub struct CatalogOptions {
-    /// The reverse-DNS namespace of entry names (`<namespace>/<server_id>`).
-    pub namespace: String,
-    /// The workers' public URL the entries' remotes point under
-    /// (`{worker_url}/mcp/{server_id}`); `None`: the catalog answers 503.
-    pub worker_url: Option<String>,
-    /// Serve the catalog without credentials.
-    pub anonymous: bool,
-}
-
-impl Default for CatalogOptions {
-    fn default() -> Self {
-        CatalogOptions {
-            namespace: crate::catalog::DEFAULT_NAMESPACE.to_owned(),
-            worker_url: None,
-            anonymous: false,
-        }
-    }
 }
 
 /// OAuth settings of the registry (docs/reference.md §13.6).
@@ -385,8 +364,7 @@ impl Registry {
             .http2_only()
             .with_tls(tls.clone())
             .serve(
-                crate::grpc::encoded_list_route(state.clone())
-                    .merge(grpc_routes.into_axum_router()),
+                crate::encoded::routes(state.clone()).merge(grpc_routes.into_axum_router()),
                 shutdown.clone(),
             );
         let catalog = crate::catalog::router(state.clone(), &options.catalog)?
@@ -423,13 +401,8 @@ pub fn http_router(state: RegistryState, metrics: Option<PrometheusHandle>) -> R
     let workers = state.workers.clone();
     Router::new()
         .nest("/admin/api", crate::rest::router())
-        .route("/admin/oauth/callback", get(crate::oauth::rest::callback))
-        .route(
-            "/oauth/authorize/{secret}",
-            get(crate::oauth::rest::follow_link),
-        )
-        .route("/oauth/connected", get(crate::oauth::rest::connected))
-        .merge(crate::signin::router())
+        .merge(crate::rest::oauth_pages())
+        .merge(crate::rest::signin_pages())
         .merge(crate::web::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -15,32 +15,27 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::http::{HeaderMap, Method, header};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
 use quiver_identity::{Identities, Provider, Verified};
 use quiver_model::access::{AccessKind, AccessSpec, IdentityProviderRecord, Role, StoredAccess};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::auth::Role as AuthRole;
 use crate::error::RegistryError;
 use crate::head::HeadView;
 use crate::oauth::seal::Keyring;
-use crate::state::RegistryState;
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "quiver_session";
 /// The pending sign-in's cookie.
-const FLOW_COOKIE: &str = "quiver_signin";
+pub(crate) const FLOW_COOKIE: &str = "quiver_signin";
 /// Where the web admin is served: sign-in ends there.
-const WEB_ADMIN: &str = "/admin/";
+pub(crate) const WEB_ADMIN: &str = "/admin/";
 /// The header a cookie-authenticated write must carry.
 pub const CSRF_HEADER: &str = "x-quiver-csrf";
 /// How long a session lasts; the roles are those of the sign-in.
@@ -176,7 +171,7 @@ impl SignIn {
 
     /// Where the browser goes to sign in with `provider`, and the flow
     /// cookie to set.
-    async fn start(
+    pub(crate) async fn start(
         &self,
         head: &HeadView,
         provider: &str,
@@ -213,7 +208,7 @@ impl SignIn {
     }
 
     /// Finishes a sign-in: the session cookie's value.
-    async fn finish(
+    pub(crate) async fn finish(
         &self,
         head: &HeadView,
         flow_cookie: Option<String>,
@@ -320,7 +315,7 @@ impl SignIn {
         if self.secure { "; Secure" } else { "" }
     }
 
-    fn session_cookie(&self, value: &str, max_age: u64) -> String {
+    pub(crate) fn session_cookie(&self, value: &str, max_age: u64) -> String {
         format!(
             "{SESSION_COOKIE}={value}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
             self.secure_attribute()
@@ -423,103 +418,4 @@ pub struct CallbackParams {
     code: Option<String>,
     state: Option<String>,
     error: Option<String>,
-}
-
-/// Routes of sign-in, at the root of the HTTP listener.
-pub fn router() -> Router<RegistryState> {
-    Router::new()
-        .route("/admin/signin/providers", get(providers))
-        .route("/admin/signin/callback", get(callback))
-        .route("/admin/signin/{provider}", get(start))
-        .route("/admin/signout", post(signout))
-}
-
-async fn providers(State(state): State<RegistryState>) -> Result<Response, RegistryError> {
-    let head = state.feed.head().await?;
-    let names: Vec<Value> = head
-        .access_of(AccessKind::IdentityProvider)
-        .filter_map(|record| match &record.spec {
-            AccessSpec::IdentityProvider(p) if p.web_client_id.is_some() => {
-                Some(json!({"name": p.name}))
-            }
-            _ => None,
-        })
-        .collect();
-    Ok(axum::Json(json!({"providers": names})).into_response())
-}
-
-async fn start(State(state): State<RegistryState>, Path(provider): Path<String>) -> Response {
-    let result = async {
-        let head = state.feed.head().await?;
-        state.signin.start(&head, &provider).await
-    }
-    .await;
-    match result {
-        Ok((location, cookie)) => (
-            StatusCode::SEE_OTHER,
-            [(header::LOCATION, location), (header::SET_COOKIE, cookie)],
-        )
-            .into_response(),
-        Err(err) => back_with_error(&err.to_string()),
-    }
-}
-
-async fn callback(
-    State(state): State<RegistryState>,
-    headers: HeaderMap,
-    Query(params): Query<CallbackParams>,
-) -> Response {
-    let head = match state.feed.head().await {
-        Ok(head) => head,
-        Err(err) => return back_with_error(&err.to_string()),
-    };
-    let cleared = format!("{FLOW_COOKIE}=; Path=/admin/signin; Max-Age=0; HttpOnly; SameSite=Lax");
-    match state
-        .signin
-        .finish(&head, cookie_value(&headers, FLOW_COOKIE), &params)
-        .await
-    {
-        Ok(session) => {
-            let cookie = state.signin.session_cookie(&session, SESSION_TTL.as_secs());
-            let mut response =
-                (StatusCode::SEE_OTHER, [(header::LOCATION, WEB_ADMIN)]).into_response();
-            for value in [cookie, cleared] {
-                if let Ok(value) = value.parse() {
-                    response.headers_mut().append(header::SET_COOKIE, value);
-                }
-            }
-            response
-        }
-        Err(why) => {
-            tracing::warn!(target: "quiver::audit", action = "signin_refused", reason = %why, "sign-in refused");
-            back_with_error(&why)
-        }
-    }
-}
-
-async fn signout(
-    State(state): State<RegistryState>,
-    method: Method,
-    headers: HeaderMap,
-) -> Response {
-    if let Some(Err(err)) = session_person(&state.signin, &method, &headers) {
-        return err.into_response();
-    }
-    (
-        StatusCode::NO_CONTENT,
-        [(header::SET_COOKIE, state.signin.session_cookie("", 0))],
-    )
-        .into_response()
-}
-
-/// Back to the web admin, which shows why sign-in failed.
-fn back_with_error(why: &str) -> Response {
-    let query: String = url::form_urlencoded::Serializer::new(String::new())
-        .append_pair("signin_error", why)
-        .finish();
-    (
-        StatusCode::SEE_OTHER,
-        [(header::LOCATION, format!("{WEB_ADMIN}?{query}"))],
-    )
-        .into_response()
 }

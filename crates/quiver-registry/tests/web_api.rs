@@ -1,7 +1,7 @@
-//! The admin API the web UI is built on: `whoami`, masked reads and writes
-//! that keep masked values, tool preview (the registry connecting to a real
-//! MCP server over stdio, streamable HTTP and legacy SSE), policy evaluation
-//! and the workers view. The registry runs in-process on loopback ports and
+//! The admin API the web UI is built on: `whoami`, the record defaults,
+//! masked reads and writes that keep masked values, tool preview (the
+//! registry connecting to a real MCP server over stdio, streamable HTTP and
+//! legacy SSE), policy evaluation and the workers view. The registry runs in-process on loopback ports and
 //! is driven by real HTTP and gRPC clients.
 //!
 //! The stdio previews start the `quiver-testkit-mcp` binary; build it first
@@ -18,7 +18,7 @@ use common::{
     ADMIN, TestRegistry, WORKER, postgres_registry, rest, rest_at, spec, sqlite_registry,
 };
 use quiver_model::naming::injected_name;
-use quiver_model::{HttpConfig, MASK, McpServerSpec, StdioConfig, Transport};
+use quiver_model::{Budgets, HttpConfig, MASK, McpServerSpec, StdioConfig, Transport};
 use quiver_proto::v1 as pb;
 use quiver_registry::auth::{AuthConfig, Authenticator};
 use quiver_registry::feed::{ChangeFeed, FeedOptions};
@@ -152,6 +152,24 @@ async fn whoami_names_the_role_of_the_token() {
             (401, &json!("unauthenticated"))
         );
     }
+}
+
+/// The web admin's form shows the defaults the registry serves, so they
+/// must be the model's own.
+#[tokio::test]
+async fn record_defaults_are_the_models_defaults() {
+    let r = sqlite_registry(|_| {}).await;
+    let path = "/admin/api/record-defaults";
+    let (status, body) = rest(&r, Method::GET, path, Some(WORKER), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "budgets": Budgets::default() }));
+    let served: Budgets = serde_json::from_value(body["budgets"].clone()).expect("budgets");
+    assert_eq!(served, Budgets::default());
+    let (status, err) = rest(&r, Method::GET, path, None, None).await;
+    assert_eq!(
+        (status, &err["error"]["code"]),
+        (401, &json!("unauthenticated"))
+    );
 }
 
 #[tokio::test]

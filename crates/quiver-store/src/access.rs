@@ -17,15 +17,86 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use quiver_model::access::{AccessKind, AccessSpec, StoredAccess};
-use quiver_model::{ChangeKind, ModelError};
+use quiver_model::{ChangeKind, ModelError, Source};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::error::StoreError;
 use crate::sql::{
     ChangeRow, SqlStore, WriteTx, access_kind_from, check_expected, cursor, from_millis,
     keeps_identical, kind_from, millis, source_from, to_i64, to_u64,
 };
-use crate::{AccessDelete, AccessHistoryEntry, AccessOutcome, AccessPut, StoreError};
+
+/// A create-or-replace of an access record.
+#[derive(Debug, Clone)]
+pub struct AccessPut {
+    /// The new content (its kind and name are its key).
+    pub spec: AccessSpec,
+    /// `Some(0)`: must not exist; `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who writes (audit).
+    pub actor: String,
+    /// Where the content comes from.
+    pub source: Source,
+}
+
+/// A delete of an access record.
+#[derive(Debug, Clone)]
+pub struct AccessDelete {
+    /// Its kind.
+    pub kind: AccessKind,
+    /// Its name within its kind.
+    pub name: String,
+    /// `Some(n)`: current revision must be `n`.
+    pub expected_revision: Option<u64>,
+    /// Who deletes (audit).
+    pub actor: String,
+    /// Where the delete comes from.
+    pub source: Source,
+}
+
+/// What a put of an access record did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessOutcome {
+    /// It did not exist.
+    Created(StoredAccess),
+    /// It changed (new revision).
+    Updated(StoredAccess),
+    /// Identical content: nothing written, the stored record is returned.
+    Unchanged(StoredAccess),
+}
+
+impl AccessOutcome {
+    /// The record as stored after the put.
+    pub fn record(&self) -> &StoredAccess {
+        match self {
+            AccessOutcome::Created(r) | AccessOutcome::Updated(r) | AccessOutcome::Unchanged(r) => {
+                r
+            }
+        }
+    }
+}
+
+/// One revision of one access record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessHistoryEntry {
+    /// The revision.
+    pub revision: u64,
+    /// The record's kind.
+    pub access: AccessKind,
+    /// Its name within its kind.
+    pub name: String,
+    /// Upsert or delete.
+    pub kind: ChangeKind,
+    /// Full content as of this revision; `None` for deletes.
+    pub spec: Option<AccessSpec>,
+    /// Commit time.
+    pub at: DateTime<Utc>,
+    /// Who made it.
+    pub actor: String,
+    /// Where it came from.
+    pub source: Source,
+}
 
 /// The most key uses one report ([`crate::Store::touch_api_keys`]) may hold.
 const MAX_TOUCHED_KEYS: usize = 10_000;

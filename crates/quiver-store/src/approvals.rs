@@ -14,8 +14,45 @@ use quiver_model::approval::{
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::error::StoreError;
 use crate::sql::SqlStore;
-use crate::{DecideOutcome, NewApproval, RequestedApproval, StoreError};
+
+/// A new approval request (docs/reference.md §13.7).
+#[derive(Debug, Clone)]
+pub struct NewApproval {
+    /// The call it is for.
+    pub binding: ApprovalBinding,
+    /// The call's arguments (hashed into `binding.arguments_hash`).
+    pub arguments: serde_json::Value,
+    /// Who asks (audit).
+    pub requested_by: String,
+    /// How long it may wait for a decision and then for its use.
+    pub ttl: chrono::Duration,
+    /// The most pending approvals one `requested_by` may have; a request
+    /// beyond is refused with [`StoreError::Limit`] naming it.
+    pub max_pending: u32,
+}
+
+/// What a request for an approval did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestedApproval {
+    /// The approval the request is answered with.
+    pub approval: Approval,
+    /// `true` when an identical pending request (same `requested_by` and
+    /// binding) already existed: this is that one, nothing was stored.
+    pub merged: bool,
+}
+
+/// What a decision on an approval did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecideOutcome {
+    /// It was pending and unexpired: now approved or denied.
+    Decided(Approval),
+    /// No approval has this id.
+    NotFound,
+    /// It was no longer pending (decided, used or expired); unchanged.
+    NotPending(Approval),
+}
 
 const COLUMNS: &str = "approval_id, state, task, server_id, tool, arguments, arguments_hash, \
      record_revision, requested_by, requested_at_ms, expires_at_ms, decided_by, decided_at_ms, \

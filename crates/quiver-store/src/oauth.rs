@@ -1,6 +1,7 @@
-//! OAuth connections and pending authorization-code flows (the registry's
-//! OAuth credential broker), one implementation for both backends: every
-//! statement is plain SQL both engines run unchanged.
+//! OAuth connections and their grants (the registry's OAuth credential
+//! broker), one implementation for both backends: every statement is plain
+//! SQL both engines run unchanged. The one-time state of flows in progress
+//! (pending authorizations, authorization links) is in `oauth_flows`.
 //!
 //! The store never sees a secret in the clear: the sealed columns hold what
 //! the caller encrypted. Every step that must not race is one conditional
@@ -11,7 +12,6 @@
 //!   RETURNING`: a writer that read an older state writes nothing;
 //! - the refresh lease is one `UPDATE … WHERE` the lease is free, expired or
 //!   already the caller's: of concurrent callers exactly one takes it;
-//! - taking an authorization is `DELETE … RETURNING`: one-time.
 //!
 //! A config write is an insert-if-absent, then an update conditional on a
 //! change, then (neither matched) a read, in one write transaction.
@@ -24,27 +24,199 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::error::StoreError;
 use crate::sql::SqlStore;
-use crate::{
-    GrantKey, MAX_OAUTH_TICKETS, MAX_OAUTH_TICKETS_PER_GRANT, MAX_PENDING_OAUTH_AUTHORIZATIONS,
-    OAuthAuthorizationRow, OAuthConnectionRow, OAuthTicketRow, OAuthTokens, SecretUpdate,
-    StoreError,
-};
+
+/// Status of an OAuth connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OAuthStatus {
+    /// No usable tokens: never authorized, or its settings changed since.
+    NotConnected,
+    /// Tokens are stored.
+    Connected,
+    /// The grant was revoked or refused: a person must authorize again.
+    NeedsReconsent,
+}
+
+impl OAuthStatus {
+    /// The stored name: `not_connected`, `connected` or `needs_reconsent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OAuthStatus::NotConnected => "not_connected",
+            OAuthStatus::Connected => "connected",
+            OAuthStatus::NeedsReconsent => "needs_reconsent",
+        }
+    }
+}
+
+impl std::fmt::Display for OAuthStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OAuthStatus {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "not_connected" => Ok(OAuthStatus::NotConnected),
+            "connected" => Ok(OAuthStatus::Connected),
+            "needs_reconsent" => Ok(OAuthStatus::NeedsReconsent),
+            other => Err(format!("unknown oauth connection status {other:?}")),
+        }
+    }
+}
+
+/// Shows whether a sealed value is present, never the value.
+pub(crate) struct Sealed(pub(crate) bool);
+
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0 { "[sealed]" } else { "None" })
+    }
+}
+
+pub(crate) fn sealed(value: &Option<String>) -> Sealed {
+    Sealed(value.is_some())
+}
+
+/// Whose tokens of an OAuth connection a read or write is about: the
+/// connection's own grant (one for the fleet), or one principal's grant of a
+/// per-user connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantKey<'a> {
+    /// The connection's name.
+    pub connection: &'a str,
+    /// The principal (`key:<id>`, `oidc:<issuer>#<sub>`); `None`: the
+    /// connection's own grant.
+    pub principal: Option<&'a str>,
+}
+
+impl<'a> GrantKey<'a> {
+    /// The connection's own grant.
+    pub fn fleet(connection: &'a str) -> Self {
+        GrantKey {
+            connection,
+            principal: None,
+        }
+    }
+
+    /// `principal`'s grant of `connection`.
+    pub fn user(connection: &'a str, principal: &'a str) -> Self {
+        GrantKey {
+            connection,
+            principal: Some(principal),
+        }
+    }
+}
+
+/// One stored OAuth connection, or one principal's grant of it. The sealed
+/// fields hold what the caller encrypted; the store neither reads nor shows
+/// them (`Debug` prints `[sealed]`).
+#[derive(Clone, PartialEq)]
+pub struct OAuthConnectionRow {
+    /// The connection's name (its key).
+    pub name: String,
+    /// Whose grant the token fields hold: `None`, the connection's own;
+    /// `Some`, that principal's (a per-user connection; the settings and
+    /// client secret are the connection's).
+    pub principal: Option<String>,
+    /// The non-secret settings as JSON text (opaque to the store).
+    pub config: String,
+    /// The client secret, sealed.
+    pub client_secret: Option<String>,
+    /// The tokens as sealed JSON.
+    pub credentials: Option<String>,
+    /// Where the connection stands.
+    pub status: OAuthStatus,
+    /// When the access token expires, when known.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Moves on with every change of config, credentials or status; token
+    /// writes are conditional on it.
+    pub generation: u64,
+    /// How many times refreshed tokens were stored (never reset).
+    pub refresh_count: u64,
+    /// The last failure (cleared when tokens are stored).
+    pub last_error: Option<String>,
+    /// When the current grant was made (not moved by refreshes).
+    pub connected_at: Option<DateTime<Utc>>,
+    /// When the row last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl std::fmt::Debug for OAuthConnectionRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthConnectionRow")
+            .field("name", &self.name)
+            .field("principal", &self.principal)
+            .field("config", &self.config)
+            .field("client_secret", &sealed(&self.client_secret))
+            .field("credentials", &sealed(&self.credentials))
+            .field("status", &self.status)
+            .field("expires_at", &self.expires_at)
+            .field("generation", &self.generation)
+            .field("refresh_count", &self.refresh_count)
+            .field("last_error", &self.last_error)
+            .field("connected_at", &self.connected_at)
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
+}
+
+/// How a config write ([`crate::Store::put_oauth_connection`]) treats the stored
+/// client secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SecretUpdate {
+    /// Leave it as stored.
+    Keep,
+    /// Store this sealed secret.
+    Set(String),
+    /// Remove it.
+    Clear,
+}
+
+impl std::fmt::Debug for SecretUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretUpdate::Keep => f.write_str("Keep"),
+            SecretUpdate::Set(_) => f.debug_tuple("Set").field(&Sealed(true)).finish(),
+            SecretUpdate::Clear => f.write_str("Clear"),
+        }
+    }
+}
+
+/// What a token write ([`crate::Store::store_oauth_tokens`]) records.
+#[derive(Clone, PartialEq)]
+pub struct OAuthTokens {
+    /// The tokens as sealed JSON.
+    pub credentials: String,
+    /// When the access token expires, when known.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// `true`: a refresh (`refresh_count` + 1, `connected_at` unchanged);
+    /// `false`: a new grant (`connected_at` = now).
+    pub refreshed: bool,
+}
+
+impl std::fmt::Debug for OAuthTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthTokens")
+            .field("credentials", &Sealed(true))
+            .field("expires_at", &self.expires_at)
+            .field("refreshed", &self.refreshed)
+            .finish()
+    }
+}
 
 const COLUMNS: &str = "name, config, client_secret, credentials, status, expires_at_ms, \
      generation, refresh_count, last_error, connected_at_ms, updated_at_ms";
-
-const AUTHORIZATION_COLUMNS: &str =
-    "state, name, generation, payload, created_at_ms, expires_at_ms, browser_hash, principal";
 
 /// A principal's grant joined with its connection's settings, in the order
 /// of [`COLUMNS`] and then the principal.
 const USER_GRANT_COLUMNS: &str = "c.name, c.config, c.client_secret, g.credentials, g.status, \
      g.expires_at_ms, g.generation, g.refresh_count, g.last_error, g.connected_at_ms, \
      g.updated_at_ms, g.principal";
-
-const TICKET_COLUMNS: &str =
-    "ticket_sha256, name, principal, created_at_ms, expires_at_ms, sealed_secret";
 
 /// Where `grant`'s token state lives and the condition naming its row (the
 /// connection's name is `$1`; a principal, when there is one, `$n`).
@@ -210,50 +382,6 @@ const DELETE_USER_GRANT_TICKETS: &str =
 const DELETE_USER_GRANT_AUTHORIZATIONS: &str =
     "DELETE FROM oauth_authorizations WHERE name = $1 AND principal = $2";
 
-/// $1 now.
-const PURGE_EXPIRED_TICKETS: &str = "DELETE FROM oauth_grant_tickets WHERE expires_at_ms <= $1";
-const COUNT_TICKETS: &str = "SELECT COUNT(*) FROM oauth_grant_tickets";
-/// $1 name, $2 principal: newest first.
-const OWNER_TICKETS: &str = "SELECT ticket_sha256 FROM oauth_grant_tickets \
-     WHERE name = $1 AND principal = $2 ORDER BY created_at_ms DESC, ticket_sha256";
-const DELETE_TICKET: &str = "DELETE FROM oauth_grant_tickets WHERE ticket_sha256 = $1";
-
-fn insert_ticket_sql() -> String {
-    format!("INSERT INTO oauth_grant_tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)")
-}
-
-/// $1 name, $2 principal, $3 the instant it must live past.
-fn live_ticket_sql() -> String {
-    format!(
-        "SELECT {TICKET_COLUMNS} FROM oauth_grant_tickets WHERE name = $1 AND principal = $2 \
-         AND expires_at_ms > $3 ORDER BY created_at_ms DESC, ticket_sha256 LIMIT 1"
-    )
-}
-
-fn take_ticket_sql() -> String {
-    format!("DELETE FROM oauth_grant_tickets WHERE ticket_sha256 = $1 RETURNING {TICKET_COLUMNS}")
-}
-
-/// $1 now.
-const PURGE_EXPIRED_AUTHORIZATIONS: &str =
-    "DELETE FROM oauth_authorizations WHERE expires_at_ms <= $1";
-const COUNT_AUTHORIZATIONS: &str = "SELECT COUNT(*) FROM oauth_authorizations";
-
-fn insert_authorization_sql() -> String {
-    format!(
-        "INSERT INTO oauth_authorizations ({AUTHORIZATION_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-    )
-}
-
-fn get_authorization_sql() -> String {
-    format!("SELECT {AUTHORIZATION_COLUMNS} FROM oauth_authorizations WHERE state = $1")
-}
-
-fn take_authorization_sql() -> String {
-    format!("DELETE FROM oauth_authorizations WHERE state = $1 RETURNING {AUTHORIZATION_COLUMNS}")
-}
-
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// Binds `grant`'s principal, when it has one: the last parameter of every
@@ -274,7 +402,7 @@ fn from_millis(ms: i64) -> Result<DateTime<Utc>, StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("timestamp {ms} out of range")))
 }
 
-fn counter(value: i64, what: &str) -> Result<u64, StoreError> {
+pub(crate) fn counter(value: i64, what: &str) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative {what} {value}")))
 }
 
@@ -310,30 +438,6 @@ fn connection_from_row(row: &AnyRow) -> Result<OAuthConnectionRow, StoreError> {
         last_error: row.try_get(8)?,
         connected_at: optional_time(9)?,
         updated_at: from_millis(row.try_get(10)?)?,
-    })
-}
-
-fn authorization_from_row(row: &AnyRow) -> Result<OAuthAuthorizationRow, StoreError> {
-    Ok(OAuthAuthorizationRow {
-        state: row.try_get(0)?,
-        name: row.try_get(1)?,
-        generation: counter(row.try_get(2)?, "generation")?,
-        payload: row.try_get(3)?,
-        created_at: from_millis(row.try_get(4)?)?,
-        expires_at: from_millis(row.try_get(5)?)?,
-        browser_hash: row.try_get::<Option<String>, _>(6)?.unwrap_or_default(),
-        principal: row.try_get(7)?,
-    })
-}
-
-fn ticket_from_row(row: &AnyRow) -> Result<OAuthTicketRow, StoreError> {
-    Ok(OAuthTicketRow {
-        ticket_sha256: row.try_get(0)?,
-        name: row.try_get(1)?,
-        principal: row.try_get(2)?,
-        created_at: from_millis(row.try_get(3)?)?,
-        expires_at: from_millis(row.try_get(4)?)?,
-        sealed_secret: row.try_get(5)?,
     })
 }
 
@@ -585,138 +689,5 @@ impl SqlStore {
             .rows_affected();
         tx.commit().await?;
         Ok(deleted > 0)
-    }
-
-    pub(crate) async fn oauth_create_ticket(&self, row: OAuthTicketRow) -> Result<(), StoreError> {
-        let (mut tx, _turn) = self.begin_write_tx().await?;
-        sqlx::query(PURGE_EXPIRED_TICKETS)
-            .bind(millis(Utc::now()))
-            .execute(&mut *tx)
-            .await?;
-        let live: i64 = sqlx::query(COUNT_TICKETS)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
-        if u64::try_from(live).unwrap_or(0) >= MAX_OAUTH_TICKETS {
-            tx.commit().await?;
-            return Err(StoreError::Limit(format!(
-                "at most {MAX_OAUTH_TICKETS} pending oauth authorization links"
-            )));
-        }
-        sqlx::query(sqlx::AssertSqlSafe(insert_ticket_sql()))
-            .bind(row.ticket_sha256)
-            .bind(row.name.clone())
-            .bind(row.principal.clone())
-            .bind(millis(row.created_at))
-            .bind(millis(row.expires_at))
-            .bind(row.sealed_secret)
-            .execute(&mut *tx)
-            .await?;
-        // One principal asking again and again replaces its own links.
-        let owned = sqlx::query(OWNER_TICKETS)
-            .bind(row.name)
-            .bind(row.principal)
-            .fetch_all(&mut *tx)
-            .await?;
-        let keep = usize::try_from(MAX_OAUTH_TICKETS_PER_GRANT).unwrap_or(usize::MAX);
-        for surplus in owned.iter().skip(keep) {
-            let sha: String = surplus.try_get(0)?;
-            sqlx::query(DELETE_TICKET)
-                .bind(sha)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    pub(crate) async fn oauth_live_ticket(
-        &self,
-        connection: &str,
-        principal: &str,
-        live_at: DateTime<Utc>,
-    ) -> Result<Option<OAuthTicketRow>, StoreError> {
-        sqlx::query(sqlx::AssertSqlSafe(live_ticket_sql()))
-            .bind(connection.to_owned())
-            .bind(principal.to_owned())
-            .bind(millis(live_at))
-            .fetch_optional(self.pool())
-            .await?
-            .map(|row| ticket_from_row(&row))
-            .transpose()
-    }
-
-    pub(crate) async fn oauth_take_ticket(
-        &self,
-        ticket_sha256: &str,
-    ) -> Result<Option<OAuthTicketRow>, StoreError> {
-        sqlx::query(sqlx::AssertSqlSafe(take_ticket_sql()))
-            .bind(ticket_sha256.to_owned())
-            .fetch_optional(self.pool())
-            .await?
-            .map(|row| ticket_from_row(&row))
-            .transpose()
-    }
-
-    pub(crate) async fn oauth_create_authorization(
-        &self,
-        row: OAuthAuthorizationRow,
-    ) -> Result<(), StoreError> {
-        let generation = i64::try_from(row.generation).map_err(|_| {
-            StoreError::Corrupt(format!("generation {} out of range", row.generation))
-        })?;
-        let (mut tx, _turn) = self.begin_write_tx().await?;
-        sqlx::query(PURGE_EXPIRED_AUTHORIZATIONS)
-            .bind(millis(Utc::now()))
-            .execute(&mut *tx)
-            .await?;
-        let live: i64 = sqlx::query(COUNT_AUTHORIZATIONS)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
-        if u64::try_from(live).unwrap_or(0) >= MAX_PENDING_OAUTH_AUTHORIZATIONS {
-            // Keep the purge; refuse the new flow.
-            tx.commit().await?;
-            return Err(StoreError::Limit(format!(
-                "at most {MAX_PENDING_OAUTH_AUTHORIZATIONS} pending oauth authorizations"
-            )));
-        }
-        sqlx::query(sqlx::AssertSqlSafe(insert_authorization_sql()))
-            .bind(row.state)
-            .bind(row.name)
-            .bind(generation)
-            .bind(row.payload)
-            .bind(millis(row.created_at))
-            .bind(millis(row.expires_at))
-            .bind(row.browser_hash)
-            .bind(row.principal)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    pub(crate) async fn oauth_get_authorization(
-        &self,
-        state: &str,
-    ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
-        sqlx::query(sqlx::AssertSqlSafe(get_authorization_sql()))
-            .bind(state.to_owned())
-            .fetch_optional(self.pool())
-            .await?
-            .map(|row| authorization_from_row(&row))
-            .transpose()
-    }
-
-    pub(crate) async fn oauth_take_authorization(
-        &self,
-        state: &str,
-    ) -> Result<Option<OAuthAuthorizationRow>, StoreError> {
-        sqlx::query(sqlx::AssertSqlSafe(take_authorization_sql()))
-            .bind(state.to_owned())
-            .fetch_optional(self.pool())
-            .await?
-            .map(|row| authorization_from_row(&row))
-            .transpose()
     }
 }

@@ -7,8 +7,12 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
+use crate::error::StoreError;
 use crate::sql::SqlStore;
-use crate::{MAX_GATEWAY_SESSION_REVOCATIONS, StoreError};
+
+/// At most this many unexpired gateway session revocations are remembered
+/// at once ([`crate::Store::revoke_gateway_session`]).
+pub const MAX_GATEWAY_SESSION_REVOCATIONS: u64 = 100_000;
 
 /// $1 now.
 const PURGE_EXPIRED: &str = "DELETE FROM gateway_session_revocations WHERE expires_at_ms <= $1";

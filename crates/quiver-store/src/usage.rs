@@ -11,8 +11,40 @@ use quiver_model::usage::{LATENCY_BUCKETS, UsageCounts, UsageGroup, UsageTotal};
 use sqlx::Row;
 use std::sync::LazyLock;
 
+use crate::error::StoreError;
 use crate::sql::SqlStore;
-use crate::{CallsLease, MAX_USAGE_BATCH_ROWS, MAX_USAGE_ROWS, StoreError, UsageBatch};
+
+/// At most this many rows one usage batch may add ([`crate::Store::record_usage`]).
+pub const MAX_USAGE_BATCH_ROWS: usize = quiver_model::usage::MAX_BATCH_ROWS;
+
+/// At most this many rows one usage query answers ([`crate::Store::usage`]).
+pub const MAX_USAGE_ROWS: usize = 10_000;
+
+/// Calls of a rate-limit window leased to a worker ([`crate::Store::lease_calls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallsLease {
+    /// Calls granted, at most the ask; 0 when the window is used up.
+    pub granted: u32,
+    /// The window they belong to (its start, milliseconds since the epoch);
+    /// unused calls are given back to it.
+    pub window_start_ms: i64,
+    /// Milliseconds until the window ends.
+    pub remaining_ms: i64,
+}
+
+/// Usage counts one worker reports at once ([`crate::Store::record_usage`]).
+#[derive(Debug, Clone)]
+pub struct UsageBatch {
+    /// Who sends it (a worker instance).
+    pub source: String,
+    /// Its number at the source: a batch sent twice counts once.
+    pub batch_id: u64,
+    /// The counts, at most [`MAX_USAGE_BATCH_ROWS`].
+    pub rows: Vec<(
+        quiver_model::usage::UsageKey,
+        quiver_model::usage::UsageCounts,
+    )>,
+}
 
 /// $1 key, $2 now, $3 end of a new window. Opens the window, or reopens it
 /// when it ended.

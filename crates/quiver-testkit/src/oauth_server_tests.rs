@@ -1,5 +1,7 @@
 //! Tests of `oauth_server`: its parsers and escaping, and the user each flow issues tokens for.
 
+use super::authorize::html_escape;
+use super::wire::form_decode;
 use super::*;
 
 #[test]
@@ -39,14 +41,21 @@ fn html_escape_escapes_markup() {
 }
 
 mod users {
-    use std::time::Duration;
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
 
+    use axum::http::{StatusCode, header};
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use rmcp::ServiceExt as _;
     use rmcp::model::CallToolRequestParams;
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     use serde_json::{Value, json};
+    use sha2::{Digest as _, Sha256};
+    use url::Url;
 
+    use super::super::state::{AuthorizationRequest, random_token};
     use super::super::*;
 
     /// Upper bound for anything that should be quick.

@@ -18,7 +18,7 @@ use quiver_sync::{CallBinding, RegistryApprovals};
 use serde_json::Value;
 
 use crate::auth::{CallerId, Task};
-use crate::call::CallError;
+use crate::call_error::CallError;
 use crate::catalog::CatalogTool;
 
 /// Proof that a call may run: its tool needs no approval, or an approval of

@@ -3,10 +3,10 @@
 //! an HTTP answer, an SSE event or the content of a chat tool message. The
 //! HTTP edge adds the status ([`crate::http`]); this type knows nothing of
 //! HTTP so the domain modules can build it too. Each error type converts
-//! itself (`From<&CallError>` in `call`, …); this module imports none of
+//! itself (`From<&CallError>` in `call_error`, …); this module imports none of
 //! them, so no module imports back.
 
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use quiver_upstream::UpstreamError;
 use serde::Serialize;
 use serde_json::{Map, Value, json};

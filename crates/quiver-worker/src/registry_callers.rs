@@ -18,7 +18,7 @@ use quiver_model::policy::CompiledTaskPolicy;
 use quiver_model::token::TokenDigest;
 use quiver_sync::{AccessMap, KeyUses, SnapshotHandle};
 
-use crate::auth::{Authenticated, CallerId, Refusal, Task, Via, oidc_caller};
+use crate::caller::{Authenticated, CallerId, Refusal, Task, Via, oidc_caller};
 
 /// One live API key.
 struct Key {

@@ -55,30 +55,12 @@ mod scan;
 use std::path::Path;
 
 use quiver_model::Strictness;
-use quiver_model::access::AccessSpec;
 use quiver_store::Store;
 
-use crate::{ApplyReport, BootstrapError, Scan, log_reconciled, logged_scan};
+use crate::{ApplyReport, BootstrapError, log_reconciled, logged_scan};
 
 pub use plan::{AccessAction, PolicyPlan, apply, describe, plan};
-pub use scan::scan;
-
-/// A policy or identity provider declared by a `policies.d` file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AccessFileRecord {
-    /// The declaring file's name (not its path): the record's `file:<name>`
-    /// source.
-    pub file: String,
-    /// Where in the file: `policies.<name>` or `identity_providers[<i>]`,
-    /// the prefix of the fields messages name.
-    pub at: String,
-    /// The record (a policy or an identity provider).
-    pub spec: AccessSpec,
-}
-
-/// What a `policies.d` directory declares: its records ordered by kind
-/// (policies first) then name.
-pub type PolicyScan = Scan<AccessFileRecord>;
+pub use scan::{AccessFileRecord, PolicyScan, scan};
 
 /// How logs name the directory.
 const POLICIES_D: &str = "policies.d";

@@ -10,7 +10,7 @@ use quiver_model::policy::TaskPolicy;
 use quiver_store::{AccessDelete, AccessOutcome, AccessPut, Store, StoreError};
 use serde::Serialize;
 
-use super::{AccessFileRecord, PolicyScan};
+use super::scan::{AccessFileRecord, PolicyScan};
 use crate::BootstrapError;
 use crate::plan::{ApplyReport, Decision, Render, decide};
 

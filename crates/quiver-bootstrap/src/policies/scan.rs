@@ -11,9 +11,25 @@ use quiver_model::{FieldError, Format, Strictness, kind_of, parse_value, render_
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::{AccessFileRecord, PolicyScan};
-use crate::BootstrapError;
 use crate::scan::{DirFile, FileError, read_dir};
+use crate::{BootstrapError, Scan};
+
+/// A policy or identity provider declared by a `policies.d` file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessFileRecord {
+    /// The declaring file's name (not its path): the record's `file:<name>`
+    /// source.
+    pub file: String,
+    /// Where in the file: `policies.<name>` or `identity_providers[<i>]`,
+    /// the prefix of the fields messages name.
+    pub at: String,
+    /// The record (a policy or an identity provider).
+    pub spec: AccessSpec,
+}
+
+/// What a `policies.d` directory declares: its records ordered by kind
+/// (policies first) then name.
+pub type PolicyScan = Scan<AccessFileRecord>;
 
 /// The key of the policies' table: `[policies.<name>]`.
 const POLICIES: &str = "policies";

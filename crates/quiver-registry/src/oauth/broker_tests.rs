@@ -1,8 +1,16 @@
 //! Tests of `broker`: refused links and per-principal links, against a real SQLite store.
 
-use quiver_store::SqlStore;
+use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+use quiver_mcp::credentials::{Renewal, token_fingerprint};
+use quiver_store::{OAuthTicketRow, SecretUpdate, SqlStore, Store};
+
+use super::connections::sealing_owner;
 use super::*;
+use crate::error::RegistryError;
+use crate::oauth::seal::Keyring;
+use crate::oauth::spec::OAuthConnectionSpec;
 
 async fn broker() -> (OAuthBroker, Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");

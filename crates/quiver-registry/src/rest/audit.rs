@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use quiver_store::MAX_REVISION;
 
+use crate::audit::{AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery};
 use crate::error::RegistryError;
 use crate::rest::extract::{Params, RequireReader};
-use crate::state::{AUDIT_DEFAULT_LIMIT, AUDIT_MAX_LIMIT, AuditQuery, RegistryState};
+use crate::state::RegistryState;
 
 /// `?since_revision=N&limit=M&server_id=X` of the audit trail; any other
 /// parameter is an error, so a misspelt one never silently widens the page.

@@ -1,6 +1,7 @@
-//! The REST admin API under `/admin/api` (docs/reference.md §5, §15): the
-//! router, the extractors, the framework's refusals as JSON, and the
-//! handlers, one module per resource:
+//! The registry's HTTP edge: the REST admin API under `/admin/api`
+//! (docs/reference.md §5, §15) — the router, the extractors, the
+//! framework's refusals as JSON, and the handlers, one module per
+//! resource — and the browser's OAuth and sign-in pages beside it:
 //!
 //! - `whoami`: `GET /whoami` (who the credential is; the web admin signs
 //!   in with it);
@@ -11,11 +12,21 @@
 //! - `rescan`: `POST /mcp/rescan` (`mcp.d` and `policies.d`);
 //! - `tool_preview`: `POST /mcp/preview`, `POST /mcp/evaluate`;
 //! - `workers`: `GET /workers`;
-//! - `audit`: `GET /audit`.
+//! - `record_defaults`: `GET /record-defaults` (the record's defaults);
+//! - `audit`: `GET /audit` (the trail is [`crate::audit`]'s);
+//! - `approvals`: `/approvals`, `/approvals/{id}` (deciding them);
+//! - `access`: `/policies`, `/keys`, `/identity/providers`,
+//!   `POST /access/explain`;
+//! - `oauth`: `/oauth/connections…`, and the browser's OAuth pages outside
+//!   `/admin/api` ([`oauth_pages`]);
+//! - `usage`: `GET /usage`;
+//! - `server_json`: `POST /import/server-json`;
+//! - `signin`: the web admin's sign-in pages outside `/admin/api`
+//!   ([`signin_pages`]).
 //!
-//! The routes of approvals, access, OAuth connections, usage and
-//! `server.json` import live with their domain modules and are merged in
-//! [`router()`], under the same body limit and refusals.
+//! Each handler module calls its domain module (`approvals`, `access`,
+//! `oauth`, `usage`, `audit`, …), which knows nothing of HTTP and never
+//! imports this one.
 //!
 //! Bodies use the `mcp.d` field names. Record bodies are parsed strictly
 //! (unknown fields are errors) so typos never silently vanish. Errors are JSON
@@ -45,25 +56,30 @@
 //! handlers, `error`, `limits`. The root only re-exports what the rest of
 //! the crate uses.
 
+mod access;
 mod apply;
+mod approvals;
 mod audit;
 mod error;
 mod extract;
 mod import;
 mod limits;
+mod oauth;
+mod record_defaults;
 mod rescan;
 mod revision;
 mod router;
+mod server_json;
 mod servers;
+mod signin;
 mod tool_preview;
+mod usage;
 mod whoami;
 mod workers;
 
 pub use extract::ACTOR_HEADER;
-pub(crate) use extract::{
-    Caller, Params, RequireAdmin, RequireApprovalReader, RequireApprover, RequireEditor,
-    RequireViewer, http_identity,
-};
+pub(crate) use extract::{Params, http_identity};
 pub use limits::MAX_BODY_BYTES;
-pub(crate) use revision::{expected_revision, with_etag};
+pub use oauth::oauth_pages;
 pub use router::router;
+pub use signin::signin_pages;

@@ -28,7 +28,7 @@ pub(super) async fn rescan(
         },
     );
     if let Some(policies) = policies {
-        let records = crate::policies_dir::records_json(&policies);
+        let records = crate::policies_dir::records_json(&policies.scan);
         body["policies"] = rescan_json(&policies, records, "record");
     }
     Ok(axum::Json(body).into_response())

@@ -6,13 +6,17 @@ use axum::routing::{get, post};
 
 use crate::rest::error::{json_refusals, method_not_allowed, unknown_route};
 use crate::rest::limits::MAX_BODY_BYTES;
-use crate::rest::{apply, audit, import, rescan, servers, tool_preview, whoami, workers};
+use crate::rest::{
+    access, apply, approvals, audit, import, oauth, record_defaults, rescan, server_json, servers,
+    tool_preview, usage, whoami, workers,
+};
 use crate::state::RegistryState;
 
 /// Routes of the admin API, to be nested at `/admin/api`.
 pub fn router() -> Router<RegistryState> {
     Router::new()
         .route("/whoami", get(whoami::whoami))
+        .route("/record-defaults", get(record_defaults::record_defaults))
         .route("/mcp/servers", get(servers::list).post(servers::upsert))
         .route(
             "/mcp/servers/{id}",
@@ -27,11 +31,11 @@ pub fn router() -> Router<RegistryState> {
         .route("/mcp/evaluate", post(tool_preview::evaluate))
         .route("/workers", get(workers::list))
         .route("/audit", get(audit::audit))
-        .merge(crate::approvals::router())
-        .merge(crate::access::router())
-        .merge(crate::oauth::rest::router())
-        .merge(crate::usage::router())
-        .merge(crate::server_json_import::router())
+        .merge(approvals::router())
+        .merge(access::router())
+        .merge(oauth::router())
+        .merge(usage::router())
+        .merge(server_json::router())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::map_response(json_refusals))

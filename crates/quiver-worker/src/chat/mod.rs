@@ -20,7 +20,7 @@ mod vision;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use quiver_sync::SnapshotHandle;
 use quiver_upstream::{Upstream, UpstreamError};
 use serde_json::{Map, Value, json};

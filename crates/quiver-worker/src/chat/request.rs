@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use quiver_model::budget::{BudgetLimits, SessionBudgets};
 use quiver_model::policy::{CompiledSessionFilter, SessionFilter, check_session_within_task};
 use quiver_model::tool_search::ToolSearchSetting;
@@ -521,7 +521,7 @@ mod proptests {
     use std::sync::Arc;
 
     use proptest::prelude::*;
-    use quiver_mcp::ErrorCode;
+    use quiver_model::ErrorCode;
     use quiver_model::budget::BudgetLimits;
     use quiver_model::policy::{CompiledTaskPolicy, TaskPolicy};
     use quiver_testkit::fuzz::{self, cases};

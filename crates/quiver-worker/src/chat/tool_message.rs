@@ -12,7 +12,8 @@
 //! never reached the pool (policy, approval, argument checks, the call
 //! budget) are the worker's own and cost nothing.
 
-use quiver_mcp::{ContentBlock, ErrorCode, ResourceContents};
+use quiver_mcp::{ContentBlock, ResourceContents};
+use quiver_model::ErrorCode;
 use serde_json::{Value, json};
 
 use crate::call::{CallDone, CallError};

@@ -13,7 +13,7 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use serde::Deserialize;
 
 use crate::error::ErrorObject;

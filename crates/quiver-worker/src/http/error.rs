@@ -1,13 +1,54 @@
 //! The one error response of the edge: an [`ErrorObject`] with the HTTP
-//! status of its code, refusals of the framework's extractors included.
+//! status of its code ([`http_status`], the one place a code becomes a
+//! status), refusals of the framework's extractors included.
 
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 
 use crate::error::ErrorObject;
-use crate::http::limits::MAX_REQUEST_BODY_BYTES;
+use crate::limits::MAX_REQUEST_BODY_BYTES;
+
+/// The HTTP status a request failing with `code` is answered with
+/// (docs/reference.md §10.1). A call that did answer is a 200 whatever its
+/// error object says (a truncated output carries `mcp_output_too_large`, an
+/// `isError` result `mcp_tool_error`); `mcp_output_too_large` as a failure
+/// is an answer the worker could not take at all (over
+/// `max_message_bytes`): 502.
+pub const fn http_status(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::McpUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::McpTimeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::McpInvalidArguments => StatusCode::BAD_REQUEST,
+        ErrorCode::McpPolicyDenied => StatusCode::FORBIDDEN,
+        ErrorCode::McpOutputTooLarge => StatusCode::BAD_GATEWAY,
+        ErrorCode::McpApprovalRequired => StatusCode::FORBIDDEN,
+        ErrorCode::McpAuthorizationRequired => StatusCode::FORBIDDEN,
+        ErrorCode::McpApprovalDenied => StatusCode::FORBIDDEN,
+        ErrorCode::McpApprovalInvalid => StatusCode::FORBIDDEN,
+        ErrorCode::McpToolError => StatusCode::OK,
+        ErrorCode::McpInputRequired => StatusCode::CONFLICT,
+        ErrorCode::McpBudgetExceeded => StatusCode::FORBIDDEN,
+        ErrorCode::McpRateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::IdentityNoMatchingRule => StatusCode::FORBIDDEN,
+        ErrorCode::ForbiddenOrigin => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::UpstreamNotConfigured => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::UpstreamRejected => StatusCode::BAD_GATEWAY,
+        ErrorCode::UpstreamFailed => StatusCode::BAD_GATEWAY,
+        ErrorCode::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+        ErrorCode::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::UpstreamInvalidResponse => StatusCode::BAD_GATEWAY,
+        ErrorCode::UpstreamStreamFailed => StatusCode::BAD_GATEWAY,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
 
 /// An error answer: the body of [`ErrorObject::to_body`] with a status.
 #[derive(Debug, Clone)]
@@ -22,7 +63,7 @@ pub struct ApiError {
 impl From<ErrorObject> for ApiError {
     fn from(object: ErrorObject) -> Self {
         ApiError {
-            status: object.code.http_status(),
+            status: http_status(object.code),
             object,
         }
     }

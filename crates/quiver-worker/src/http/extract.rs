@@ -130,7 +130,7 @@ impl<S: Sync> FromRequestParts<S> for SessionId {
     }
 }
 
-/// The raw request body, at most [`crate::http::MAX_REQUEST_BODY_BYTES`]
+/// The raw request body, at most [`crate::limits::MAX_REQUEST_BODY_BYTES`]
 /// (413 `payload_too_large` beyond).
 pub struct Body(pub Bytes);
 

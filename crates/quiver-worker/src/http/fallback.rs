@@ -2,7 +2,7 @@
 //! empty 404/405.
 
 use axum::http::{Method, Uri};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 
 use crate::error::ErrorObject;
 use crate::http::error::ApiError;

@@ -14,7 +14,7 @@
 //! Every refusal, the framework's included (unknown route, wrong method,
 //! body over [`MAX_REQUEST_BODY_BYTES`], a bad query string), is the JSON
 //! error object of [`crate::error::ErrorObject`] with the status of its
-//! [`quiver_mcp::ErrorCode`]. Handlers take the edge's [`extract`] types,
+//! [`quiver_model::ErrorCode`]. Handlers take the edge's [`extract`] types,
 //! never axum's `Query`/`Json`/`Bytes`, whose refusals are plain text.
 //!
 //! Modules depend one way: handlers → `extract`, `error`, `state`;
@@ -31,7 +31,6 @@ pub mod error;
 pub mod extract;
 mod fallback;
 pub mod grants;
-mod limits;
 pub mod mcp;
 pub mod ops;
 mod router;
@@ -41,7 +40,7 @@ mod state;
 pub mod tools;
 pub mod whoami;
 
+pub use crate::limits::MAX_REQUEST_BODY_BYTES;
 pub use error::ApiError;
-pub use limits::MAX_REQUEST_BODY_BYTES;
 pub use router::router;
 pub use state::ApiState;

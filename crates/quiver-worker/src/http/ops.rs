@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use serde_json::json;
 
 use crate::error::ErrorObject;

@@ -4,9 +4,9 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, delete, get, post};
 
-use crate::http::limits::MAX_REQUEST_BODY_BYTES;
 use crate::http::state::ApiState;
 use crate::http::{artifacts, chat, fallback, grants, mcp, ops, servers, sessions, tools, whoami};
+use crate::limits::MAX_REQUEST_BODY_BYTES;
 
 /// The router of the worker's HTTP listener.
 pub fn router(state: ApiState) -> Router {

@@ -9,8 +9,8 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode;
 use quiver_mcp::leases::{SessionKey, SessionKind};
+use quiver_model::ErrorCode;
 use serde_json::json;
 
 use crate::error::ErrorObject;

@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use quiver_mcp::McpError;
 use quiver_mcp::leases::SessionKind;
-use quiver_mcp::{ErrorCode, McpError};
+use quiver_model::ErrorCode;
 use quiver_model::policy::{SessionFilter, check_session_within_task};
 use quiver_model::tool_search::{DEFAULT_MAX_TOOLS, MAX_TOOLS_LIMIT};
 use serde::Deserialize;

@@ -1,12 +1,13 @@
-//! The one table of the error codes a worker answers with (docs/reference.md
+//! The one table of the error codes Quiver answers with (docs/reference.md
 //! §10): MCP call failures, refusals of a request, and upstream failures of
-//! chat. Every code string is written here and nowhere else; the registry's
-//! tool preview takes its `mcp_*` codes from here too, so a preview and a
-//! worker name the same failure the same way.
+//! chat. Every code string is written here and nowhere else. The table lives
+//! at the bottom of the workspace so that every surface borrows the same
+//! names: the worker answers with every code, the registry's tool preview
+//! names its `mcp_*` failures with them. Each surface maps a code to its
+//! protocol once (the worker's HTTP statuses: `quiver_worker::http::error`;
+//! the registry's gRPC codes and statuses: `quiver_registry::error`).
 
-use http::StatusCode;
-
-/// A stable, machine-readable error code of the worker's APIs.
+/// A stable, machine-readable error code of Quiver's APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     /// The MCP server cannot be reached, failed to start, crashed, or the
@@ -89,80 +90,45 @@ impl ErrorCode {
         self.mapping().0
     }
 
-    /// The HTTP status a request failing with this code is answered with.
-    /// A call that did answer is a 200 whatever its error object says (a
-    /// truncated output carries `mcp_output_too_large`, an `isError` result
-    /// `mcp_tool_error`); `mcp_output_too_large` as a failure is an answer
-    /// the worker could not take at all (over `max_message_bytes`): 502.
-    pub const fn http_status(self) -> StatusCode {
-        self.mapping().1
-    }
-
     /// Whether the same request may succeed if retried later (a default: an
     /// error may know better, e.g. a JSON-RPC error reported as
     /// `mcp_unavailable` is not retryable).
     pub const fn retryable(self) -> bool {
-        self.mapping().2
+        self.mapping().1
     }
 
-    /// The table itself: code, HTTP status, retryable.
-    const fn mapping(self) -> (&'static str, StatusCode, bool) {
+    /// The table itself: code, retryable.
+    const fn mapping(self) -> (&'static str, bool) {
         match self {
-            ErrorCode::McpUnavailable => ("mcp_unavailable", StatusCode::SERVICE_UNAVAILABLE, true),
-            ErrorCode::McpTimeout => ("mcp_timeout", StatusCode::GATEWAY_TIMEOUT, true),
-            ErrorCode::McpInvalidArguments => {
-                ("mcp_invalid_arguments", StatusCode::BAD_REQUEST, false)
-            }
-            ErrorCode::McpPolicyDenied => ("mcp_policy_denied", StatusCode::FORBIDDEN, false),
-            ErrorCode::McpOutputTooLarge => {
-                ("mcp_output_too_large", StatusCode::BAD_GATEWAY, false)
-            }
-            ErrorCode::McpApprovalRequired => {
-                ("mcp_approval_required", StatusCode::FORBIDDEN, false)
-            }
-            ErrorCode::McpApprovalDenied => ("mcp_approval_denied", StatusCode::FORBIDDEN, false),
-            ErrorCode::McpAuthorizationRequired => {
-                ("mcp_authorization_required", StatusCode::FORBIDDEN, false)
-            }
-            ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", StatusCode::FORBIDDEN, false),
-            ErrorCode::McpToolError => ("mcp_tool_error", StatusCode::OK, false),
-            ErrorCode::McpInputRequired => ("mcp_input_required", StatusCode::CONFLICT, false),
-            ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", StatusCode::FORBIDDEN, false),
-            ErrorCode::McpRateLimited => ("mcp_rate_limited", StatusCode::TOO_MANY_REQUESTS, true),
-            ErrorCode::ResourceExhausted => {
-                ("resource_exhausted", StatusCode::TOO_MANY_REQUESTS, true)
-            }
-            ErrorCode::InvalidRequest => ("invalid_request", StatusCode::BAD_REQUEST, false),
-            ErrorCode::Unauthenticated => ("unauthenticated", StatusCode::UNAUTHORIZED, false),
-            ErrorCode::IdentityNoMatchingRule => {
-                ("identity_no_matching_rule", StatusCode::FORBIDDEN, false)
-            }
-            ErrorCode::ForbiddenOrigin => ("forbidden_origin", StatusCode::FORBIDDEN, false),
-            ErrorCode::NotFound => ("not_found", StatusCode::NOT_FOUND, false),
-            ErrorCode::MethodNotAllowed => {
-                ("method_not_allowed", StatusCode::METHOD_NOT_ALLOWED, false)
-            }
-            ErrorCode::PayloadTooLarge => {
-                ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE, false)
-            }
-            ErrorCode::UpstreamNotConfigured => (
-                "upstream_not_configured",
-                StatusCode::SERVICE_UNAVAILABLE,
-                false,
-            ),
-            ErrorCode::UpstreamRejected => ("upstream_rejected", StatusCode::BAD_GATEWAY, false),
-            ErrorCode::UpstreamFailed => ("upstream_failed", StatusCode::BAD_GATEWAY, true),
-            ErrorCode::UpstreamUnavailable => {
-                ("upstream_unavailable", StatusCode::BAD_GATEWAY, true)
-            }
-            ErrorCode::UpstreamTimeout => ("upstream_timeout", StatusCode::GATEWAY_TIMEOUT, true),
-            ErrorCode::UpstreamInvalidResponse => {
-                ("upstream_invalid_response", StatusCode::BAD_GATEWAY, false)
-            }
-            ErrorCode::UpstreamStreamFailed => {
-                ("upstream_stream_failed", StatusCode::BAD_GATEWAY, true)
-            }
-            ErrorCode::Internal => ("internal", StatusCode::INTERNAL_SERVER_ERROR, true),
+            ErrorCode::McpUnavailable => ("mcp_unavailable", true),
+            ErrorCode::McpTimeout => ("mcp_timeout", true),
+            ErrorCode::McpInvalidArguments => ("mcp_invalid_arguments", false),
+            ErrorCode::McpPolicyDenied => ("mcp_policy_denied", false),
+            ErrorCode::McpOutputTooLarge => ("mcp_output_too_large", false),
+            ErrorCode::McpApprovalRequired => ("mcp_approval_required", false),
+            ErrorCode::McpApprovalDenied => ("mcp_approval_denied", false),
+            ErrorCode::McpAuthorizationRequired => ("mcp_authorization_required", false),
+            ErrorCode::McpApprovalInvalid => ("mcp_approval_invalid", false),
+            ErrorCode::McpToolError => ("mcp_tool_error", false),
+            ErrorCode::McpInputRequired => ("mcp_input_required", false),
+            ErrorCode::McpBudgetExceeded => ("mcp_budget_exceeded", false),
+            ErrorCode::McpRateLimited => ("mcp_rate_limited", true),
+            ErrorCode::ResourceExhausted => ("resource_exhausted", true),
+            ErrorCode::InvalidRequest => ("invalid_request", false),
+            ErrorCode::Unauthenticated => ("unauthenticated", false),
+            ErrorCode::IdentityNoMatchingRule => ("identity_no_matching_rule", false),
+            ErrorCode::ForbiddenOrigin => ("forbidden_origin", false),
+            ErrorCode::NotFound => ("not_found", false),
+            ErrorCode::MethodNotAllowed => ("method_not_allowed", false),
+            ErrorCode::PayloadTooLarge => ("payload_too_large", false),
+            ErrorCode::UpstreamNotConfigured => ("upstream_not_configured", false),
+            ErrorCode::UpstreamRejected => ("upstream_rejected", false),
+            ErrorCode::UpstreamFailed => ("upstream_failed", true),
+            ErrorCode::UpstreamUnavailable => ("upstream_unavailable", true),
+            ErrorCode::UpstreamTimeout => ("upstream_timeout", true),
+            ErrorCode::UpstreamInvalidResponse => ("upstream_invalid_response", false),
+            ErrorCode::UpstreamStreamFailed => ("upstream_stream_failed", true),
+            ErrorCode::Internal => ("internal", true),
         }
     }
 }

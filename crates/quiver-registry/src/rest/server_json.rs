@@ -14,7 +14,7 @@ use quiver_store::UpsertRequest;
 use serde_json::json;
 
 use crate::error::RegistryError;
-use crate::rest::{Params, RequireEditor};
+use crate::rest::extract::{Params, RequireEditor};
 use crate::state::RegistryState;
 
 /// The route, merged into the admin API router (its body limit applies).

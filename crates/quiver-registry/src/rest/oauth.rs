@@ -1,4 +1,5 @@
-//! The OAuth connections over REST: `GET /admin/api/oauth/connections` and
+//! The OAuth connections over REST (the connections and their flows are
+//! [`crate::oauth`]'s): `GET /admin/api/oauth/connections` and
 //! `GET /admin/api/oauth/connections/{name}` (status, never a secret: the
 //! viewer, editor and admin roles), `PUT|DELETE
 //! /admin/api/oauth/connections/{name}` and `POST
@@ -22,10 +23,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use super::broker::{CallbackParams, ConnectOutcome, FlowCookie};
-use super::spec::OAuthConnectionSpec;
 use crate::error::RegistryError;
-use crate::rest::{Caller, RequireAdmin, RequireViewer};
+use crate::oauth::broker::{CALLBACK_PATH, CallbackParams, ConnectOutcome, FlowCookie};
+use crate::oauth::spec::OAuthConnectionSpec;
+use crate::rest::extract::{Caller, RequireAdmin, RequireViewer};
 use crate::state::RegistryState;
 
 /// The admin API routes, below `/admin/api`.
@@ -116,9 +117,18 @@ async fn connect(
     })
 }
 
+/// The browser's ways, outside the admin API: the authorization server's
+/// way back, consent links and the page after consenting.
+pub fn oauth_pages() -> Router<RegistryState> {
+    Router::new()
+        .route(CALLBACK_PATH, get(callback))
+        .route("/oauth/authorize/{secret}", get(follow_link))
+        .route("/oauth/connected", get(connected))
+}
+
 /// `GET /admin/oauth/callback`: on success back to the web admin's OAuth
 /// page; on failure a page naming the failed step (nothing was stored).
-pub async fn callback(
+async fn callback(
     State(state): State<RegistryState>,
     headers: axum::http::HeaderMap,
     params: Result<Query<CallbackParams>, axum::extract::rejection::QueryRejection>,
@@ -159,7 +169,7 @@ pub async fn callback(
                         format!(
                             "{}=; Path={}; Max-Age=0; HttpOnly; SameSite=Lax",
                             FlowCookie::name_for(&authorized.connection),
-                            super::broker::CALLBACK_PATH
+                            CALLBACK_PATH
                         ),
                     ),
                 ],
@@ -173,10 +183,7 @@ pub async fn callback(
 /// `GET /oauth/authorize/{secret}`: a consent link's first visit sends the
 /// browser on to the authorization server (with the flow's cookie); any
 /// other visit gets a page naming the step.
-pub async fn follow_link(
-    State(state): State<RegistryState>,
-    Path(secret): Path<String>,
-) -> Response {
+async fn follow_link(State(state): State<RegistryState>, Path(secret): Path<String>) -> Response {
     match state.oauth.follow_link(&secret).await {
         Ok(ConnectOutcome::Redirect { url, cookie }) => (
             StatusCode::SEE_OTHER,
@@ -195,7 +202,7 @@ pub async fn follow_link(
 
 /// `GET /oauth/connected?connection=…`: where a person lands after
 /// consenting through a link.
-pub async fn connected(Query(query): Query<std::collections::HashMap<String, String>>) -> Response {
+async fn connected(Query(query): Query<std::collections::HashMap<String, String>>) -> Response {
     let connection = query.get("connection").map_or("", String::as_str);
     let page = format!(
         "<!doctype html><meta charset=\"utf-8\"><title>Account connected</title>\
