@@ -30,6 +30,7 @@ use crate::peer_events::PeerEvents;
 use crate::process_tree;
 use crate::relay::{Relay, ServerEvent, ServerEventKind};
 use crate::server_log::ServerLog;
+use crate::sse_answer::AnswerFirst;
 use crate::stdio::StdioTransport;
 use crate::tools::ToolsCache;
 
@@ -379,13 +380,17 @@ impl Connection {
                         (Some(auth_ref), Some(grant)) => {
                             let source = credential_source(settings, auth_ref)?;
                             let client = BrokeredClient::new(client, source, grant.clone());
-                            let transport =
-                                StreamableHttpClientTransport::with_client(client, config);
+                            let transport = StreamableHttpClientTransport::with_client(
+                                AnswerFirst(client),
+                                config,
+                            );
                             (serve(client_side(), transport, &handshake).await?, None)
                         }
                         _ => {
-                            let transport =
-                                StreamableHttpClientTransport::with_client(client, config);
+                            let transport = StreamableHttpClientTransport::with_client(
+                                AnswerFirst(client),
+                                config,
+                            );
                             (serve(client_side(), transport, &handshake).await?, None)
                         }
                     }

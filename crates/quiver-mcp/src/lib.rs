@@ -3,7 +3,6 @@
 //! streamable HTTP, and the legacy HTTP+SSE transport ([`legacy_sse`],
 //! implemented here as an rmcp transport, since rmcp no longer ships one).
 
-mod code;
 pub mod connection;
 pub mod credentials;
 mod dropped;
@@ -24,10 +23,10 @@ pub mod probe;
 mod process_tree;
 pub mod relay;
 pub mod server_log;
+mod sse_answer;
 mod stdio;
 mod tools;
 
-pub use code::ErrorCode;
 pub use error::{AuthorizationRequired, McpError};
 pub use pool::{
     CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,

@@ -1,0 +1,302 @@
+//! A request answered on an SSE stream holding nothing but its answer is
+//! handed to rmcp as if the server had answered JSON.
+//!
+//! Servers of both eras (the TypeScript and Python SDKs, rmcp's own) answer
+//! a streamable-HTTP `POST` with a one-event stream unless configured
+//! otherwise. rmcp's client reads such a stream on a task of its own,
+//! through its resuming SSE stream and one more channel to its transport
+//! worker: per call, a task and two hand-offs more than a JSON answer takes
+//! (issue #23; `benches/http_upstream.rs` of `quiver-worker`). The
+//! [`AnswerFirst`] client reads the stream's first events where the `POST`
+//! is awaited: when the first message is the answer to the request, rmcp gets
+//! it as a JSON answer and the rest of the stream (its end, in practice) is
+//! read to its end in the background, so the HTTP connection goes back to
+//! the pool. Anything else (a progress notification, a server request, an
+//! error) hands rmcp the stream as it was, the events already read first,
+//! so it sees the same sequence it would have.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use futures::stream::{self, BoxStream, StreamExt as _};
+use http::{HeaderName, HeaderValue};
+use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+
+/// How long the rest of an answered stream is read before the connection is
+/// given up (rmcp waits as long for the same).
+const DRAIN: Duration = Duration::from_millis(50);
+/// Events without data (priming events, keep-alives) looked past before the
+/// stream is handed to rmcp as it is.
+const MAX_EMPTY: usize = 4;
+
+type SseStream = BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
+
+/// A [`StreamableHttpClient`] whose `POST`s answered by a stream that starts
+/// with the answer come back as JSON answers (see the module docs).
+#[derive(Clone)]
+pub struct AnswerFirst<C>(pub C);
+
+/// The answer `id` is waiting for, if it is the first message of `response`'s
+/// stream; otherwise `response` as it was.
+async fn answer_first(
+    response: StreamableHttpPostResponse,
+    id: Option<RequestId>,
+) -> StreamableHttpPostResponse {
+    let Some(id) = id else {
+        return response;
+    };
+    let StreamableHttpPostResponse::Sse(mut events, session) = response else {
+        return response;
+    };
+    let mut read = Vec::new();
+    while let Some(event) = events.next().await {
+        let data = match &event {
+            Ok(sse) => sse.data.as_deref().unwrap_or_default().trim(),
+            Err(_) => "",
+        };
+        // A priming event (an id to resume from, no data) precedes the
+        // messages of a resumable stream.
+        if event.is_ok() && data.is_empty() && read.len() < MAX_EMPTY {
+            read.push(event);
+            continue;
+        }
+        if let Ok(message @ (ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_))) =
+            serde_json::from_str::<ServerJsonRpcMessage>(data)
+            && answers(&message, &id)
+        {
+            drain(events);
+            return StreamableHttpPostResponse::Json(message, session);
+        }
+        read.push(event);
+        break;
+    }
+    StreamableHttpPostResponse::Sse(stream::iter(read).chain(events).boxed(), session)
+}
+
+/// Whether `message` is the answer to request `id`.
+fn answers(message: &ServerJsonRpcMessage, id: &RequestId) -> bool {
+    match message {
+        ServerJsonRpcMessage::Response(response) => &response.id == id,
+        ServerJsonRpcMessage::Error(error) => error.id.as_ref() == Some(id),
+        _ => false,
+    }
+}
+
+/// Reads what is left of an answered stream, so its connection can serve
+/// the next request: at once when its end has arrived with the answer, else
+/// on a task of its own, for at most [`DRAIN`].
+fn drain(mut events: SseStream) {
+    loop {
+        match events.next().now_or_never() {
+            Some(Some(_)) => continue,
+            Some(None) => return,
+            None => break,
+        }
+    }
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(DRAIN, async { while events.next().await.is_some() {} }).await;
+    });
+}
+
+fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        ClientJsonRpcMessage::Request(request) => Some(request.id.clone()),
+        _ => None,
+    }
+}
+
+impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
+    type Error = C::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let id = request_id(&message);
+        let posted = self
+            .0
+            .post_message(uri, message, session_id, auth_header, custom_headers);
+        Ok(answer_first(posted.await?, id).await)
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let id = request_id(&message);
+        let posted = self.0.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            max_sse_event_size,
+        );
+        Ok(answer_first(posted.await?, id).await)
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let id = request_id(&message);
+        let posted = self.0.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            limits,
+        );
+        Ok(answer_first(posted.await?, id).await)
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(data: &str, id: Option<&str>) -> Result<sse_stream::Sse, sse_stream::Error> {
+        Ok(sse_stream::Sse {
+            event: Some("message".into()),
+            data: Some(data.into()),
+            id: id.map(Into::into),
+            retry: None,
+        })
+    }
+
+    const ANSWER: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+    const PROGRESS: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
+
+    fn sse(events: Vec<Result<sse_stream::Sse, sse_stream::Error>>) -> StreamableHttpPostResponse {
+        StreamableHttpPostResponse::Sse(stream::iter(events).boxed(), Some("session".into()))
+    }
+
+    /// The data of the events a response still carries as a stream.
+    async fn remaining(response: StreamableHttpPostResponse) -> Vec<String> {
+        let StreamableHttpPostResponse::Sse(events, _) = response else {
+            panic!("not a stream: {response:?}");
+        };
+        events
+            .map(|event| {
+                event
+                    .map(|e| e.data.unwrap_or_default())
+                    .unwrap_or_else(|e| format!("error: {e}"))
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn an_answer_alone_after_a_priming_event_comes_back_as_json() {
+        let response = answer_first(
+            sse(vec![event("", Some("0")), event(ANSWER, Some("1"))]),
+            Some(RequestId::Number(7)),
+        )
+        .await;
+        let StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Response(answer), session) =
+            response
+        else {
+            panic!("not a JSON answer: {response:?}");
+        };
+        assert_eq!(answer.id, RequestId::Number(7));
+        assert_eq!(session.as_deref(), Some("session"));
+    }
+
+    #[tokio::test]
+    async fn a_stream_starting_with_anything_else_is_handed_on_whole() {
+        let response = answer_first(
+            sse(vec![
+                event("", Some("0")),
+                event(PROGRESS, None),
+                event(ANSWER, None),
+            ]),
+            Some(RequestId::Number(7)),
+        )
+        .await;
+        assert_eq!(remaining(response).await, ["", PROGRESS, ANSWER]);
+    }
+
+    #[tokio::test]
+    async fn an_answer_to_another_request_or_a_broken_stream_is_handed_on_whole() {
+        let other = answer_first(sse(vec![event(ANSWER, None)]), Some(RequestId::Number(8))).await;
+        assert_eq!(remaining(other).await, [ANSWER]);
+        let broken = answer_first(
+            sse(vec![
+                Err(sse_stream::Error::InvalidLine),
+                event(ANSWER, None),
+            ]),
+            Some(RequestId::Number(7)),
+        )
+        .await;
+        assert_eq!(remaining(broken).await.len(), 2);
+        let notification = answer_first(sse(vec![event(ANSWER, None)]), None).await;
+        assert_eq!(remaining(notification).await, [ANSWER]);
+    }
+}
