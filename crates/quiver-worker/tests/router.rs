@@ -530,9 +530,12 @@ async fn callers_take_static_tokens_first_then_jwts() {
         .unwrap_err();
     assert_eq!(
         refusal.code(),
-        quiver_mcp::ErrorCode::IdentityNoMatchingRule
+        quiver_model::ErrorCode::IdentityNoMatchingRule
     );
-    assert_eq!(refusal.code().http_status().as_u16(), 403);
+    assert_eq!(
+        quiver_worker::http::error::http_status(refusal.code()).as_u16(),
+        403
+    );
     assert!(
         refusal.message().contains("identity provider corp"),
         "{}",
@@ -729,4 +732,58 @@ async fn gateway_calls_that_need_an_approval_run_only_once_approved() {
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(body["error"]["code"], "mcp_approval_required", "{body}");
     assert!(body["error"]["approval_id"].is_string(), "{body}");
+}
+
+/// A 2026-07-28 `tools/call` of `name` at `/mcp/kit` with `accept`; the
+/// status, `Content-Type` and body.
+async fn stateless_call(edge: &Edge, name: &str, accept: &str) -> (StatusCode, String, Value) {
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": name,
+        "arguments": {"text": "lean"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "router-test", "version": "1"},
+        },
+    }});
+    let request = Request::post("/mcp/kit")
+        .header(header::HOST, "localhost")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, accept)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", name)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let (status, headers, answer) = edge.send(request).await;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, content_type, answer)
+}
+
+/// The lean edge (`http::mcp::plain`) answers a plain stateless call as
+/// rmcp's service answers the same call sent the general way (a weighted
+/// `Accept` is left to rmcp): the same status, media type and message, for
+/// a result and for an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_stateless_calls_are_answered_as_rmcp_answers_them() {
+    let edge = Edge::start().await;
+    for name in ["echo", "no-such-tool"] {
+        let plain = stateless_call(&edge, name, "application/json, text/event-stream").await;
+        let general =
+            stateless_call(&edge, name, "application/json;q=1.0, text/event-stream").await;
+        assert_eq!(plain, general, "{name}");
+        assert_eq!(plain.0, StatusCode::OK, "{name}: {plain:?}");
+        assert!(plain.1.starts_with("application/json"), "{plain:?}");
+    }
+    let (_, _, echoed) = stateless_call(&edge, "echo", "application/json, text/event-stream").await;
+    assert_eq!(echoed["result"]["content"][0]["text"], "lean", "{echoed}");
+    assert_eq!(echoed["result"]["resultType"], "complete", "{echoed}");
+    let (_, _, unknown) =
+        stateless_call(&edge, "no-such-tool", "application/json, text/event-stream").await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
 }

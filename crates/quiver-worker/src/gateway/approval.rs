@@ -9,7 +9,7 @@
 use futures::future::BoxFuture;
 use rmcp::RoleServer;
 use rmcp::model::{ElicitRequestParams, ElicitationAction};
-use rmcp::service::RequestContext;
+use rmcp::service::Peer;
 
 use crate::approval::{AskApproval, Cleared, Pending};
 use crate::call::CallError;
@@ -21,8 +21,8 @@ pub const APPROVAL_META: &str = "quiver/approval_id";
 
 /// Asks a gateway client about a call's approval, in the protocol it speaks.
 pub struct AskInProtocol<'a> {
-    /// The client's request.
-    pub context: &'a RequestContext<RoleServer>,
+    /// The client, on a session (asked by elicitation); `None` without one.
+    pub peer: Option<&'a Peer<RoleServer>>,
     /// The approval the client named in `_meta`.
     pub named: Option<String>,
     /// The request's round (2026-07-28); `None` on a session.
@@ -62,7 +62,9 @@ impl AskInProtocol<'_> {
     /// approved; `false` when the client cannot be asked or did not accept
     /// within the tool's timeout.
     async fn elicit(&self, tool: &CatalogTool, id: &str) -> bool {
-        let peer = &self.context.peer;
+        let Some(peer) = self.peer else {
+            return false;
+        };
         let can_ask = peer
             .peer_info()
             .is_some_and(|info| info.capabilities.elicitation.is_some());

@@ -16,6 +16,7 @@ pub mod consent;
 pub mod inputs;
 pub mod peer;
 pub mod rebinding;
+pub mod relayed;
 pub mod request_state;
 pub mod revoked;
 pub mod round;
@@ -31,7 +32,11 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
+use rmcp::model::{
+    CallToolRequestParams, ErrorCode as RpcCode, RequestId, RequestMetaObject,
+    ServerJsonRpcMessage, ServerResult,
+};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -39,9 +44,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::ToolRunner;
 use crate::error::ErrorObject;
+use crate::gateway::peer::RelaySender;
 use crate::gateway::request_state::RequestStates;
 use crate::gateway::revoked::Revoked;
-use crate::gateway::server::{GatewayRequest, GatewayServer, Shared};
+use crate::gateway::server::{GatewayRequest, GatewayServer, Invocation, Shared};
 use crate::gateway::session_id::{Binding, SessionSigner, SessionToken, now_ms};
 use crate::gateway::sessions::{Full, SessionCaller};
 use crate::gateway::store::GatewaySessionStore;
@@ -104,7 +110,7 @@ impl Default for GatewayOptions {
             max_sessions_per_caller: None,
             max_session_lifetime: Duration::from_secs(24 * 3600),
             session_idle: Duration::from_secs(600),
-            max_request_bytes: crate::http::MAX_REQUEST_BODY_BYTES,
+            max_request_bytes: crate::limits::MAX_REQUEST_BODY_BYTES,
             registry: None,
         }
     }
@@ -124,6 +130,7 @@ struct Inner {
     signer: SessionSigner,
     store: Arc<GatewaySessionStore>,
     options: GatewayOptions,
+    sse_keep_alive: Option<Duration>,
 }
 
 /// What the HTTP edge read of a POST body (`crate::http::mcp`).
@@ -179,6 +186,7 @@ impl Gateway {
             // first (progress, logs) still gets a stream.
             .with_json_response(true);
         config.session_store = Some(store.clone());
+        let sse_keep_alive = config.sse_keep_alive;
         let factory_shared = shared.clone();
         let manager = Arc::new(manager);
         let service = StreamableHttpService::new(
@@ -199,6 +207,7 @@ impl Gateway {
                 signer,
                 store,
                 options,
+                sse_keep_alive,
             }),
         }
     }
@@ -221,13 +230,14 @@ impl Gateway {
     }
 
     /// Serves one HTTP request of an authenticated caller whose POST body
-    /// (`posted`) the edge read and judged.
+    /// (`posted`) the edge read and judged; a refusal of the worker's own
+    /// (§10 error object, e.g. the session caps) is the edge's to answer.
     pub async fn handle(
         &self,
         mut request_info: GatewayRequest,
         posted: Option<Posted>,
         request: Request<Body>,
-    ) -> Response {
+    ) -> Result<Response, ErrorObject> {
         let method = request.method().clone();
         let (mut parts, body) = request.into_parts();
         let endpoint = request_info.scope.endpoint();
@@ -249,15 +259,15 @@ impl Gateway {
                 .ok()
                 .and_then(|presented| self.inner.signer.verify(presented, &binding));
             let Some(token) = token else {
-                return jsonrpc_error(
+                return Ok(jsonrpc_error(
                     StatusCode::NOT_FOUND,
                     -32001,
                     "Session not found: unknown, expired or not signed for this caller and endpoint; initialize a new session",
-                );
+                ));
             };
             let held = match self.admit_session(&token, &method).await {
                 Ok(held) => held,
-                Err(refused) => return refused,
+                Err(refused) => return Ok(refused),
             };
             resumes = !held && method != http::Method::DELETE;
             request_info.session = Some(request_info.caller.session(
@@ -270,7 +280,7 @@ impl Gateway {
                 .verified(&token.inner, &token.protocol_version);
             match HeaderValue::from_str(&token.inner) {
                 Ok(inner) => parts.headers.insert(SESSION_HEADER, inner),
-                Err(_) => return StatusCode::NOT_FOUND.into_response(),
+                Err(_) => return Ok(StatusCode::NOT_FOUND.into_response()),
             };
         }
         let Posted {
@@ -301,7 +311,7 @@ impl Gateway {
                     };
                     let error =
                         ErrorObject::new(ErrorCode::McpUnavailable, message).with_retryable(true);
-                    return crate::http::ApiError::from(error).into_response();
+                    return Err(error);
                 }
             }
         } else {
@@ -331,7 +341,48 @@ impl Gateway {
                 response_parts.headers.insert(SESSION_HEADER, signed);
             }
         }
-        Response::from_parts(response_parts, Body::new(response_body))
+        Ok(Response::from_parts(
+            response_parts,
+            Body::new(response_body),
+        ))
+    }
+
+    /// Answers a plain stateless `tools/call` (the lean edge of
+    /// `crate::http::mcp`) without rmcp's per-request service: the same
+    /// handler ([`GatewayServer::call`]), what it relays going to `relay`,
+    /// and the epilogue rmcp's server dispatch gives a 2026-07-28 answer
+    /// (caching hints; -32002 becomes -32602).
+    pub fn call_plain(
+        &self,
+        request: GatewayRequest,
+        id: RequestId,
+        meta: RequestMetaObject,
+        params: CallToolRequestParams,
+        relay: RelaySender,
+    ) -> impl Future<Output = ServerJsonRpcMessage> + Send + 'static {
+        let server = GatewayServer::new(self.inner.shared.clone());
+        async move {
+            let invocation = Invocation::plain(id.clone(), &meta, &relay);
+            match server.call(&request, params, &invocation).await {
+                Ok(response) => {
+                    let mut result = ServerResult::from(response);
+                    result.fill_missing_cache_hints();
+                    ServerJsonRpcMessage::response(result, id)
+                }
+                Err(mut error) => {
+                    if error.code == RpcCode::RESOURCE_NOT_FOUND {
+                        error.code = RpcCode::INVALID_PARAMS;
+                    }
+                    ServerJsonRpcMessage::error(error, Some(id))
+                }
+            }
+        }
+    }
+
+    /// How often an SSE answer without news carries a keep-alive comment
+    /// (rmcp's setting, for the lean edge's answers too).
+    pub fn sse_keep_alive(&self) -> Option<Duration> {
+        self.inner.sse_keep_alive
     }
 
     /// Judges a verified session id before its request is served: 404 when

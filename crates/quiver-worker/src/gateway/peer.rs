@@ -1,7 +1,8 @@
 //! The gateway's client as the caller of a relayed call: what the server
 //! sends about the call goes to the client (see `quiver_mcp::relay`) on the
 //! stream of the client's request: its session's (2025-11-25 and older) or
-//! the request's own (2026-07-28, no session).
+//! the request's own (2026-07-28, no session) — rmcp's, or the lean edge's
+//! ([`relay_channel`], read by `crate::http::mcp`).
 
 // SEP-2577 deprecates sampling and server logging; servers still use both.
 #![expect(deprecated)]
@@ -16,8 +17,8 @@ use rmcp::RoleServer;
 use rmcp::model::{
     ClientResult, CreateMessageRequest, CreateMessageRequestParams, CreateMessageResult,
     ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, GetExtensions, ListRootsRequest,
-    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam,
-    RequestId, RequestMetaObject, ServerRequest,
+    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam, Notification,
+    ProgressNotificationParam, RequestId, RequestMetaObject, ServerNotification, ServerRequest,
 };
 use rmcp::service::{OriginatingRequestId, Peer, ServiceError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -37,10 +38,72 @@ enum Relayed {
     Flushed(oneshot::Sender<()>),
 }
 
+/// The stream notifications about a call reach the client on.
+#[derive(Clone)]
+pub enum ClientStream {
+    /// rmcp's: a session's, or that of a request rmcp serves.
+    Peer(Peer<RoleServer>),
+    /// The lean edge's, read through its [`RelayReceiver`].
+    Relay(RelaySender),
+}
+
+/// Where the lean edge's request sends what is relayed about it.
+#[derive(Clone)]
+pub struct RelaySender(mpsc::UnboundedSender<Relayed>);
+
+/// What the lean edge reads of a request's relayed notifications, in the
+/// order the server sent them.
+pub struct RelayReceiver(mpsc::UnboundedReceiver<Relayed>);
+
+/// A stream for one request the lean edge answers.
+pub fn relay_channel() -> (RelaySender, RelayReceiver) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    (RelaySender(sender), RelayReceiver(receiver))
+}
+
+impl Relayed {
+    /// The notification, or `None` for a flush marker (answered: what came
+    /// before it has been read).
+    fn into_notification(self) -> Option<ServerNotification> {
+        match self {
+            Relayed::Progress(params, _slot) => Some(ServerNotification::ProgressNotification(
+                Notification::new(params),
+            )),
+            Relayed::Log(params, _slot) => Some(ServerNotification::LoggingMessageNotification(
+                Notification::new(params),
+            )),
+            Relayed::Flushed(done) => {
+                let _ = done.send(());
+                None
+            }
+        }
+    }
+}
+
+impl RelayReceiver {
+    /// The next notification; `None` once every sender is gone.
+    pub async fn next(&mut self) -> Option<ServerNotification> {
+        loop {
+            if let Some(notification) = self.0.recv().await?.into_notification() {
+                return Some(notification);
+            }
+        }
+    }
+
+    /// The next notification already queued, without waiting.
+    pub fn try_next(&mut self) -> Option<ServerNotification> {
+        loop {
+            if let Some(notification) = self.0.try_recv().ok()?.into_notification() {
+                return Some(notification);
+            }
+        }
+    }
+}
+
 /// Where a call's relayed traffic goes.
 pub struct Downstream {
-    /// The client.
-    pub peer: Peer<RoleServer>,
+    /// The client's stream.
+    pub stream: ClientStream,
     /// The lowest level of log messages relayed (`None`: none are).
     pub log_level: Option<LoggingLevel>,
     /// Relayed notifications in flight at most (shared by a session's calls).
@@ -64,7 +127,7 @@ impl Downstream {
     /// The client of an open session, at the session's log level.
     pub fn of_session(session: &LiveSession) -> Self {
         Downstream {
-            peer: session.peer.clone(),
+            stream: ClientStream::Peer(session.peer.clone()),
             // All until the session sets a level.
             log_level: Some(
                 session
@@ -83,12 +146,12 @@ impl Downstream {
     /// server asks into `inputs`; log messages only at or above the level
     /// the request's `_meta` opts in to (none without one).
     pub fn of_request(
-        peer: Peer<RoleServer>,
+        stream: ClientStream,
         inputs: Arc<Inputs>,
         log_level: Option<LoggingLevel>,
     ) -> Self {
         Downstream {
-            peer,
+            stream,
             log_level,
             relay_slots: Arc::new(Semaphore::new(RELAY_SLOTS)),
             asks: Asks::InputRequired(inputs),
@@ -107,6 +170,8 @@ pub struct DownstreamPeer {
     downstream: Downstream,
     /// The client's request the relayed traffic belongs to.
     request_id: RequestId,
+    /// To the task that sends the notifications to rmcp's stream, or the
+    /// lean edge's stream itself.
     queue: mpsc::UnboundedSender<Relayed>,
 }
 
@@ -118,11 +183,23 @@ fn service_error(err: ServiceError) -> ErrorData {
 }
 
 impl DownstreamPeer {
-    /// The client of `request_id`; starts the task that sends its
-    /// notifications (it ends when the peer is dropped).
+    /// The client of `request_id`; on rmcp's stream, starts the task that
+    /// sends its notifications (it ends when the peer is dropped).
     pub fn new(downstream: Downstream, request_id: RequestId) -> Self {
+        let queue = match &downstream.stream {
+            ClientStream::Peer(peer) => Self::sender(peer.clone()),
+            ClientStream::Relay(relay) => relay.0.clone(),
+        };
+        DownstreamPeer {
+            downstream,
+            request_id,
+            queue,
+        }
+    }
+
+    /// The task that sends notifications to `peer` in order.
+    fn sender(peer: Peer<RoleServer>) -> mpsc::UnboundedSender<Relayed> {
         let (queue, mut relayed) = mpsc::unbounded_channel();
-        let peer: Peer<RoleServer> = downstream.peer.clone();
         tokio::spawn(async move {
             while let Some(item) = relayed.recv().await {
                 // A client that went away only fails its own sends.
@@ -139,11 +216,7 @@ impl DownstreamPeer {
                 }
             }
         });
-        DownstreamPeer {
-            downstream,
-            request_id,
-            queue,
-        }
+        queue
     }
 
     /// Waits (at most [`FLUSH_WAIT`]) until the notifications relayed so
@@ -164,7 +237,13 @@ impl DownstreamPeer {
         request
             .extensions_mut()
             .insert(OriginatingRequestId(self.request_id.clone()));
-        let peer: Peer<RoleServer> = self.downstream.peer.clone();
+        let ClientStream::Peer(peer) = self.downstream.stream.clone() else {
+            return futures::future::ready(Err(ErrorData::internal_error(
+                "the request has no stream to ask its client on",
+                None,
+            )))
+            .boxed();
+        };
         async move { peer.send_request(request).await.map_err(service_error) }.boxed()
     }
 
@@ -248,11 +327,11 @@ impl CallPeer for DownstreamPeer {
             return async move { inputs.roots(meta).await }.boxed();
         }
         // A client that declared no roots has none to give.
-        let declared = self
-            .downstream
-            .peer
-            .peer_info()
-            .is_some_and(|info| info.capabilities.roots.is_some());
+        let declared = match &self.downstream.stream {
+            ClientStream::Peer(peer) => peer.peer_info(),
+            ClientStream::Relay(_) => None,
+        }
+        .is_some_and(|info| info.capabilities.roots.is_some());
         if !declared {
             return futures::future::ready(Ok(ListRootsResult::default())).boxed();
         }

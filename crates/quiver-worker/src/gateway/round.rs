@@ -265,3 +265,41 @@ impl Round {
         InputRequiredResult::new(Some(requests), Some(self.state(self.inputs.used())))
     }
 }
+
+/// How a request of a round settled.
+pub enum Settled<T> {
+    /// The server answered.
+    Done(T),
+    /// The client must answer first.
+    InputRequired(InputRequiredResult),
+}
+
+/// Runs `answer` within `round` (if any): the round may end first, asking
+/// the client.
+pub async fn in_round<T>(
+    round: Option<&Round>,
+    answer: impl Future<Output = Result<T, ErrorData>>,
+) -> Result<Settled<T>, ErrorData> {
+    let Some(round) = round else {
+        return answer.await.map(Settled::Done);
+    };
+    tokio::pin!(answer);
+    tokio::select! {
+        answer = &mut answer => match answer {
+            Ok(answer) => Ok(Settled::Done(answer)),
+            Err(error) => Err(round.inputs.missing_capability().unwrap_or(error)),
+        },
+        asked = round.ended() => {
+            // The server's waiting requests are refused now: it gets a
+            // moment to end the request by itself rather than be cancelled
+            // (a server that honours a cancellation never answers, and an
+            // unanswered call holds its slot until `cancel_grace` recycles
+            // the connection).
+            let _ = tokio::time::timeout(ROUND_SETTLE, &mut answer).await;
+            asked.map(Settled::InputRequired)
+        }
+    }
+}
+
+/// How long a request whose round ended waits for its server to end it.
+const ROUND_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);

@@ -13,45 +13,42 @@
 // SEP-2577 deprecates logging and resources/subscribe; clients still use both.
 #![expect(deprecated)]
 
+mod forward;
+mod tools;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 
+use quiver_mcp::McpError;
 use quiver_mcp::leases::SessionKey;
 use quiver_mcp::relay::CallAttachment;
-use quiver_mcp::relay::CallPeer;
-use quiver_mcp::{CallOptions, ForwardError, McpError};
 use quiver_model::StoredServer;
 use quiver_model::naming::{injected_name, parse_injected_name};
-use quiver_model::policy::{
-    CompiledSessionFilter, ServerContentFilter, SessionFilter, check_session_within_task,
-    server_selected,
-};
+use quiver_model::policy::{ServerContentFilter, server_selected};
 use quiver_model::resource_uri;
 use quiver_sync::Snapshot;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CompleteRequestParams, CompleteResult,
-    ContentBlock, DiscoverResult, ErrorCode as RpcCode, ErrorData, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, Implementation, InitializeRequestParams, InitializeResult,
-    InputRequiredResult, InputResponses, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Reference, ResourcesCapability, ResultType, ServerCapabilities, ServerConfig, ServerResult,
-    SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter, Tool, ToolsCapability,
-    UnsubscribeRequestParams,
+    DiscoverResult, ErrorCode as RpcCode, ErrorData, GetPromptRequestParams, GetPromptResponse,
+    GetPromptResult, Implementation, InitializeRequestParams, InitializeResult, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    PromptsCapability, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Reference, RequestId, RequestMetaObject, ResourcesCapability, ResultType,
+    ServerCapabilities, ServerConfig, ServerResult, SetLevelRequestParams, SubscribeRequestParams,
+    SubscriptionFilter, ToolsCapability, UnsubscribeRequestParams,
 };
-use rmcp::service::{Peer, RequestContext, ServiceError, SubscriptionContext};
-use rmcp::{RoleClient, RoleServer, ServerHandler};
+use rmcp::service::{Peer, RequestContext, SubscriptionContext};
+use rmcp::{RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
 
-use crate::approval::ApprovalFlow;
 use crate::auth::{CallerId, Task};
-use crate::call::{Call, CallContext, CallError, Lookup, ToolRunner};
-use crate::catalog::{Catalog, CatalogTool};
-use crate::error::ErrorObject;
-use crate::gateway::approval::{APPROVAL_META, AskInProtocol};
-use crate::gateway::consent;
-use crate::gateway::peer::{Downstream, DownstreamPeer};
+use crate::call::ToolRunner;
+use crate::gateway::peer::{ClientStream, Downstream, DownstreamPeer, RelaySender};
+use crate::gateway::relayed::{
+    forward_error, not_found, passed_on, resource_allowed, upstream_params, uri_refused,
+};
 use crate::gateway::request_state::RequestStates;
-use crate::gateway::round::{Carried, Round, RoundKey};
+use crate::gateway::round::{Carried, Round, RoundKey, Settled, in_round};
 use crate::gateway::scope::Scope;
 use crate::gateway::sessions::{LiveSession, LiveSessions, RELAY_SLOTS, Registered};
 
@@ -123,12 +120,12 @@ impl GatewayServer {
 /// own, so rmcp's defaults apply (`ttlMs: 0`, `cacheScope: "private"`). A
 /// server's own hints are dropped: what a caller sees is filtered for that
 /// caller and a registry edit changes it at once.
-const GATEWAY_CACHE_HINTS: (Option<u64>, Option<rmcp::model::CacheScope>) = (None, None);
+pub(super) const GATEWAY_CACHE_HINTS: (Option<u64>, Option<rmcp::model::CacheScope>) = (None, None);
 
 /// A result the gateway relays as complete: 2026-07-28 requires
 /// `resultType` and a server of an older revision sends none (rmcp takes it
 /// off again for a client of an older revision).
-trait Completed {
+pub(super) trait Completed {
     fn completed(self) -> Self;
 }
 
@@ -153,9 +150,75 @@ completed!(
     CompleteResult
 );
 
-/// Pages followed per server when the catalog endpoint lists resources or
-/// prompts of several servers (each page is bounded by the pool).
-const MAX_CATALOG_PAGES: usize = 20;
+/// What the gateway uses of the request that carries a call, a prompt or
+/// a read, besides its parameters: rmcp's `RequestContext`
+/// ([`Invocation::of`]) or, for the plain stateless `tools/call` the HTTP
+/// edge answers itself (`crate::http::mcp`), the request's id, `_meta` and
+/// the edge's stream ([`Invocation::plain`]).
+pub struct Invocation<'a> {
+    id: RequestId,
+    meta: &'a RequestMetaObject,
+    stream: InvocationStream<'a>,
+}
+
+/// Where what is sent before a request's result goes.
+enum InvocationStream<'a> {
+    /// rmcp's, with the token the client's `notifications/cancelled` fires.
+    Rmcp {
+        peer: &'a Peer<RoleServer>,
+        cancelled: &'a CancellationToken,
+    },
+    /// The lean edge's; the request ends when its client goes away (its
+    /// future is dropped).
+    Relay(&'a RelaySender),
+}
+
+impl<'a> Invocation<'a> {
+    /// A request rmcp serves (a session's, or one on its own stream).
+    pub fn of(context: &'a RequestContext<RoleServer>) -> Self {
+        Invocation {
+            id: context.id.clone(),
+            meta: &context.meta,
+            stream: InvocationStream::Rmcp {
+                peer: &context.peer,
+                cancelled: &context.ct,
+            },
+        }
+    }
+
+    /// A request the lean edge serves on `relay`.
+    pub fn plain(id: RequestId, meta: &'a RequestMetaObject, relay: &'a RelaySender) -> Self {
+        Invocation {
+            id,
+            meta,
+            stream: InvocationStream::Relay(relay),
+        }
+    }
+
+    /// rmcp's client, which can be asked on a session.
+    fn peer(&self) -> Option<&'a Peer<RoleServer>> {
+        match self.stream {
+            InvocationStream::Rmcp { peer, .. } => Some(peer),
+            InvocationStream::Relay(_) => None,
+        }
+    }
+
+    /// The stream relayed notifications go on.
+    fn client_stream(&self) -> ClientStream {
+        match self.stream {
+            InvocationStream::Rmcp { peer, .. } => ClientStream::Peer(peer.clone()),
+            InvocationStream::Relay(relay) => ClientStream::Relay(relay.clone()),
+        }
+    }
+
+    /// Resolves when the client cancels the request.
+    async fn cancelled(&self) {
+        match self.stream {
+            InvocationStream::Rmcp { cancelled, .. } => cancelled.cancelled().await,
+            InvocationStream::Relay(_) => std::future::pending().await,
+        }
+    }
+}
 
 fn gateway_request(context: &RequestContext<RoleServer>) -> Result<GatewayRequest, ErrorData> {
     context
@@ -180,55 +243,6 @@ impl GatewayServer {
     }
 }
 
-fn not_found(what: &str) -> ErrorData {
-    ErrorData::new(RpcCode::RESOURCE_NOT_FOUND, what.to_owned(), None)
-}
-
-/// Refuses `uri` unless `filter` allows it (docs/reference.md §13.5): a
-/// URI refused as such (dot segment, control character, …) is -32602
-/// naming why, one the patterns leave out -32002 as if it did not exist.
-/// Nothing refused reaches the server.
-fn resource_allowed(filter: &ServerContentFilter, uri: &str) -> Result<(), ErrorData> {
-    match filter.judge_resource(uri) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(not_found(&format!(
-            "resource {uri:?} is not available to this caller"
-        ))),
-        Err(refusal) => Err(uri_refused(uri, refusal)),
-    }
-}
-
-fn uri_refused(uri: &str, refusal: resource_uri::UriRefusal) -> ErrorData {
-    ErrorData::invalid_params(
-        format!(
-            "resource URI {uri:?} refused: {refusal} (allowed_resources, docs/reference.md §13.5)"
-        ),
-        None,
-    )
-}
-
-/// A forwarded request's failure as the client sees it: the server's own
-/// JSON-RPC error unchanged, or the §10 object as the error's data.
-fn forward_error(err: ForwardError) -> ErrorData {
-    match err {
-        ForwardError::Server(error) => error,
-        ForwardError::Failed(err) => {
-            let object =
-                ErrorObject::new(err.code(), err.to_string()).with_retryable(err.retryable());
-            ErrorData::internal_error(err.to_string(), Some(object.to_body()))
-        }
-    }
-}
-
-/// A refused or failed tool call as an MCP tool error: the §10 object as
-/// text and as structured content.
-fn tool_error(err: &CallError) -> CallToolResult {
-    let body = err.to_json();
-    let mut result = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
-    result.structured_content = Some(body);
-    result
-}
-
 impl GatewayServer {
     fn snapshot(&self) -> Arc<Snapshot> {
         self.shared.snapshot.current()
@@ -248,17 +262,6 @@ impl GatewayServer {
             })
     }
 
-    /// The servers a `tools/call` of `name` at `scope` may be of.
-    fn candidates(snapshot: &Snapshot, scope: &Scope, name: &str) -> Vec<Arc<StoredServer>> {
-        let ids = match scope {
-            Scope::Server(id) => BTreeSet::from([id.clone()]),
-            Scope::Catalog { .. } => Catalog::candidate_servers(name),
-        };
-        ids.iter()
-            .filter_map(|id| snapshot.get(id).cloned())
-            .collect()
-    }
-
     /// The servers an endpoint serves to this caller.
     fn servers(&self, request: &GatewayRequest) -> Result<Vec<Arc<StoredServer>>, ErrorData> {
         let snapshot = self.snapshot();
@@ -272,73 +275,6 @@ impl GatewayServer {
                 .cloned()
                 .collect(),
         })
-    }
-
-    /// The caller's tools at this endpoint.
-    async fn catalog(&self, request: &GatewayRequest) -> Result<Catalog, ErrorData> {
-        let snapshot = self.snapshot();
-        let runner = &self.shared.runner;
-        match &request.scope {
-            Scope::Server(id) => {
-                self.server(request, id)?;
-                let only = BTreeSet::from([id.clone()]);
-                Ok(runner
-                    .catalog(
-                        &snapshot,
-                        &request.task,
-                        Some(&request.caller),
-                        None,
-                        Some(&only),
-                    )
-                    .await)
-            }
-            Scope::Catalog { server_ids } => {
-                let session = Self::narrowing(request, server_ids.as_ref())?;
-                Ok(runner
-                    .catalog(
-                        &snapshot,
-                        &request.task,
-                        Some(&request.caller),
-                        Some(&session),
-                        None,
-                    )
-                    .await)
-            }
-        }
-    }
-
-    /// The catalog endpoint's `server_ids`, as a narrowing of the caller's
-    /// policy.
-    fn narrowing(
-        request: &GatewayRequest,
-        server_ids: Option<&BTreeSet<String>>,
-    ) -> Result<CompiledSessionFilter, ErrorData> {
-        let session = SessionFilter {
-            server_ids: server_ids.map(|ids| ids.iter().cloned().collect()),
-            ..Default::default()
-        }
-        .compile()
-        .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
-        check_session_within_task(&request.task.policy, &session)
-            .map_err(|err| ErrorData::invalid_params(err.to_string(), None))?;
-        Ok(session)
-    }
-
-    /// A catalog tool as the client sees it.
-    fn listed(scope: &Scope, tool: &CatalogTool) -> Tool {
-        let mut listed = tool.tool.clone();
-        match scope {
-            Scope::Server(_) => listed.name = tool.exposed_name.clone().into(),
-            Scope::Catalog { .. } => {
-                let readable = listed
-                    .title
-                    .clone()
-                    .unwrap_or_else(|| tool.exposed_name.clone());
-                listed.name = tool.injected_name.clone().into();
-                listed.title = Some(format!("{} · {readable}", tool.server_id()));
-            }
-        }
-        listed
     }
 
     fn content_filter(server: &StoredServer) -> Result<ServerContentFilter, ErrorData> {
@@ -389,148 +325,6 @@ impl GatewayServer {
         capabilities
     }
 
-    /// Forwards a request to `server` through the pool (its budgets apply;
-    /// a per-session server answers on the session's own connection).
-    async fn forward<T, F, Fut>(
-        &self,
-        on: &GatewayRequest,
-        server: &Arc<StoredServer>,
-        request: F,
-    ) -> Result<T, ErrorData>
-    where
-        T: serde::Serialize,
-        F: FnOnce(Peer<RoleClient>) -> Fut,
-        Fut: Future<Output = Result<T, ServiceError>>,
-    {
-        self.forward_attached(on, server, None, request).await
-    }
-
-    /// [`forward`](Self::forward), with what the server asks meanwhile
-    /// relayed to `attachment`'s client.
-    async fn forward_attached<T, F, Fut>(
-        &self,
-        on: &GatewayRequest,
-        server: &Arc<StoredServer>,
-        attachment: Option<CallAttachment>,
-        request: F,
-    ) -> Result<T, ErrorData>
-    where
-        T: serde::Serialize,
-        F: FnOnce(Peer<RoleClient>) -> Fut,
-        Fut: Future<Output = Result<T, ServiceError>>,
-    {
-        self.shared
-            .runner
-            .pool()
-            .forward(
-                server,
-                on.session.as_ref(),
-                on.caller.grant_principal().as_deref(),
-                attachment,
-                request,
-            )
-            .await
-            .map_err(forward_error)
-    }
-
-    /// Every page of one server's listing, up to [`MAX_CATALOG_PAGES`]:
-    /// `page` fetches one (its items and the next cursor). A page that fails
-    /// ends the listing of that server only.
-    async fn all_pages<T, Fut>(page: impl Fn(Option<String>) -> Fut) -> Vec<T>
-    where
-        Fut: Future<Output = Result<(Vec<T>, Option<String>), ErrorData>>,
-    {
-        let mut items = Vec::new();
-        let mut cursor = None;
-        for _ in 0..MAX_CATALOG_PAGES {
-            let Ok((page, next)) = page(cursor.take()).await else {
-                break;
-            };
-            items.extend(page);
-            match next {
-                Some(next) => cursor = Some(next),
-                None => break,
-            }
-        }
-        items
-    }
-
-    async fn prompts_of(
-        &self,
-        request: &GatewayRequest,
-        server: &Arc<StoredServer>,
-        cursor: Option<String>,
-    ) -> Result<ListPromptsResult, ErrorData> {
-        let params = cursor.map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
-        let mut listed = self
-            .forward(request, server, |peer| async move {
-                peer.list_prompts(params).await
-            })
-            .await?;
-        let filter = Self::content_filter(server)?;
-        listed.prompts.retain(|p| filter.allows_prompt(&p.name));
-        (listed.ttl_ms, listed.cache_scope) = GATEWAY_CACHE_HINTS;
-        Ok(listed.completed())
-    }
-
-    async fn resources_of(
-        &self,
-        request: &GatewayRequest,
-        server: &Arc<StoredServer>,
-        cursor: Option<String>,
-    ) -> Result<ListResourcesResult, ErrorData> {
-        let params = cursor.map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
-        let mut listed = self
-            .forward(request, server, |peer| async move {
-                peer.list_resources(params).await
-            })
-            .await?;
-        let filter = Self::content_filter(server)?;
-        listed.resources.retain(|r| filter.allows_resource(&r.uri));
-        (listed.ttl_ms, listed.cache_scope) = GATEWAY_CACHE_HINTS;
-        Ok(listed.completed())
-    }
-
-    async fn read_from(
-        &self,
-        context: &RequestContext<RoleServer>,
-        request: &GatewayRequest,
-        server: &Arc<StoredServer>,
-        mut params: ReadResourceRequestParams,
-    ) -> Result<ReadResourceResponse, ErrorData> {
-        resource_allowed(&Self::content_filter(server)?, &params.uri)?;
-        let carried = Carried {
-            responses: params.input_responses.take(),
-            state: params.request_state.take(),
-        };
-        let key = self.round_key(
-            request,
-            "resources/read",
-            &params.uri,
-            serde_json::Value::Null,
-        );
-        let round = self.round(context, key, carried)?;
-        (params.input_responses, params.request_state) = upstream_params(round.as_ref());
-        let attachment = self.attachment(context, round.as_ref()).map(|(_, a)| a);
-        let read = self.forward_attached(request, server, attachment, |peer| async move {
-            peer.read_resource_once(params)
-                .await
-                .map(ServerResult::from)
-        });
-        let mut read = match in_round(round.as_ref(), read).await? {
-            Settled::Done(ServerResult::ReadResourceResult(read)) => read,
-            Settled::Done(other) => {
-                return Ok(ReadResourceResponse::InputRequired(passed_on(
-                    round.as_ref(),
-                    other,
-                )?));
-            }
-            Settled::InputRequired(asked) => return Ok(ReadResourceResponse::InputRequired(asked)),
-        };
-        (read.ttl_ms, read.cache_scope) = GATEWAY_CACHE_HINTS;
-        Ok(read.completed().into())
-    }
-
     /// The key of a round of `method` on `target` for this caller.
     fn round_key(
         &self,
@@ -552,14 +346,14 @@ impl GatewayServer {
     /// session's request, whose client the server asks directly.
     fn round(
         &self,
-        context: &RequestContext<RoleServer>,
+        invocation: &Invocation<'_>,
         key: RoundKey,
         carried: Carried,
     ) -> Result<Option<Round>, ErrorData> {
         if self.registered.get().is_some() {
             return Ok(None);
         }
-        let capabilities = context.meta.client_capabilities().unwrap_or_default();
+        let capabilities = invocation.meta.client_capabilities().unwrap_or_default();
         Round::open(&self.shared.states, key, carried, capabilities).map(Some)
     }
 
@@ -567,96 +361,26 @@ impl GatewayServer {
     /// client, or the request's own stream and round.
     fn attachment(
         &self,
-        context: &RequestContext<RoleServer>,
+        invocation: &Invocation<'_>,
         round: Option<&Round>,
     ) -> Option<(Arc<DownstreamPeer>, CallAttachment)> {
         let downstream = match (self.registered.get(), round) {
             (Some(registered), _) => Downstream::of_session(&registered.session),
             (None, Some(round)) => Downstream::of_request(
-                context.peer.clone(),
+                invocation.client_stream(),
                 round.inputs.clone(),
-                context.meta.log_level(),
+                invocation.meta.log_level(),
             ),
             (None, None) => return None,
         };
-        let peer = Arc::new(DownstreamPeer::new(downstream, context.id.clone()));
+        let peer = Arc::new(DownstreamPeer::new(downstream, invocation.id.clone()));
         let attachment = CallAttachment {
             peer: peer.clone(),
-            progress_token: context.meta.get_progress_token(),
+            progress_token: invocation.meta.get_progress_token(),
         };
         Some((peer, attachment))
     }
 }
-
-/// The `inputResponses` and `requestState` a request carries to a server
-/// that asked itself last round.
-fn upstream_params(round: Option<&Round>) -> (Option<InputResponses>, Option<String>) {
-    match round.and_then(Round::upstream_input) {
-        Some(input) => (
-            (!input.responses.is_empty()).then_some(input.responses),
-            input.request_state,
-        ),
-        None => (None, None),
-    }
-}
-
-/// A server's answer to `prompts/get` or `resources/read` other than its
-/// result: its own `input_required` (2026-07-28), passed on to a client
-/// without a session; a session's client is asked only during calls.
-fn passed_on(
-    round: Option<&Round>,
-    answer: ServerResult,
-) -> Result<InputRequiredResult, ErrorData> {
-    match (round, answer) {
-        (Some(round), ServerResult::InputRequiredResult(asked)) => Ok(round.pass_on(asked)),
-        (None, ServerResult::InputRequiredResult(_)) => Err(ErrorData::invalid_request(
-            "the server asks for input before it answers (MCP 2026-07-28 input_required); use MCP 2026-07-28 to answer it",
-            None,
-        )),
-        _ => Err(ErrorData::internal_error(
-            "the server answered with another result",
-            None,
-        )),
-    }
-}
-
-/// How a request of a round settled.
-enum Settled<T> {
-    /// The server answered.
-    Done(T),
-    /// The client must answer first.
-    InputRequired(InputRequiredResult),
-}
-
-/// Runs `answer` within `round` (if any): the round may end first, asking
-/// the client.
-async fn in_round<T>(
-    round: Option<&Round>,
-    answer: impl Future<Output = Result<T, ErrorData>>,
-) -> Result<Settled<T>, ErrorData> {
-    let Some(round) = round else {
-        return answer.await.map(Settled::Done);
-    };
-    tokio::pin!(answer);
-    tokio::select! {
-        answer = &mut answer => match answer {
-            Ok(answer) => Ok(Settled::Done(answer)),
-            Err(error) => Err(round.inputs.missing_capability().unwrap_or(error)),
-        },
-        asked = round.ended() => {
-            // The server's waiting requests are refused now: it gets a
-            // moment to end the request by itself rather than be cancelled
-            // (a server that honours a cancellation never answers, and an
-            // unanswered call holds its slot until `cancel_grace` recycles
-            // the connection).
-            let _ = tokio::time::timeout(ROUND_SETTLE, &mut answer).await;
-            asked.map(Settled::InputRequired)
-        }
-    }
-}
-
-/// How long a request whose round ended waits for its server to end it.
-const ROUND_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl GatewayServer {
     /// What the endpoint says of itself (`initialize`, `server/discover`):
@@ -806,18 +530,7 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let request = self.request_of(&context)?;
-        let catalog = self.catalog(&request).await?;
-        let listed = match &request.scope {
-            Scope::Server(_) => catalog
-                .own_named()
-                .map(|tool| Self::listed(&request.scope, tool))
-                .collect(),
-            Scope::Catalog { .. } => catalog
-                .tools()
-                .map(|tool| Self::listed(&request.scope, tool))
-                .collect(),
-        };
-        Ok(ListToolsResult::with_all_items(listed))
+        self.list(&request).await
     }
 
     async fn call_tool(
@@ -826,176 +539,7 @@ impl ServerHandler for GatewayServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let request = self.request_of(&context)?;
-        let snapshot = self.snapshot();
-        let narrowing;
-        let lookup = match &request.scope {
-            Scope::Server(id) => {
-                self.server(&request, id)?;
-                Lookup::OwnName {
-                    snapshot: &snapshot,
-                    server_id: id,
-                }
-            }
-            Scope::Catalog { server_ids } => {
-                narrowing = Self::narrowing(&request, server_ids.as_ref())?;
-                Lookup::Injected {
-                    snapshot: &snapshot,
-                    session: Some(&narrowing),
-                }
-            }
-        };
-        // rmcp hands a request's `_meta` to the handler in the context; it
-        // is passed on upstream without the worker's own key.
-        let mut meta = params.meta.clone().unwrap_or_else(|| context.meta.clone());
-        let named_approval = meta
-            .0
-            .0
-            .remove(APPROVAL_META)
-            .and_then(|id| id.as_str().map(str::to_owned));
-        let arguments = params.arguments.map(serde_json::Value::Object);
-        let carried = Carried {
-            responses: params.input_responses,
-            state: params.request_state,
-        };
-        let key = self.round_key(
-            &request,
-            "tools/call",
-            &params.name,
-            arguments.clone().unwrap_or(serde_json::Value::Null),
-        );
-        let round = self.round(&context, key, carried)?;
-        let (downstream, attachment) = self
-            .attachment(&context, round.as_ref())
-            .map_or((None, None), |(peer, attachment)| {
-                (Some(peer), Some(attachment))
-            });
-        // A server of 2026-07-28 is told what this client can be asked.
-        let client_capabilities = match &round {
-            Some(round) => Some(round.capabilities()),
-            None => context
-                .peer
-                .peer_info()
-                .map(|info| info.capabilities.clone()),
-        };
-        let call = CallContext {
-            request_id: request.request_id.clone(),
-            relay: CallOptions {
-                meta: Some(meta),
-                attachment,
-                session: request.session.clone(),
-                principal: request.caller.grant_principal(),
-                input: round.as_ref().and_then(Round::upstream_input),
-                client_capabilities,
-            },
-            artifacts_owner: None,
-            caller: Some(request.caller.clone()),
-            // A server of 2026-07-28 that asks by `input_required`: a
-            // session's client is asked on its session; a client without
-            // one gets the question passed on (below).
-            input_from: match &round {
-                None => downstream.clone().map(|peer| peer as Arc<dyn CallPeer>),
-                Some(_) => None,
-            },
-        };
-        // A session's client that can open links is sent to the caller's
-        // consent link before a call that needs it runs.
-        if round.is_none() {
-            let principal = request.caller.grant_principal();
-            for server in Self::candidates(&snapshot, &request.scope, &params.name) {
-                consent::connect_first(
-                    &context.peer,
-                    self.shared.runner.pool(),
-                    &server,
-                    principal.as_deref(),
-                )
-                .await;
-            }
-        }
-        let asker = AskInProtocol {
-            context: &context,
-            named: named_approval,
-            round: round.as_ref(),
-        };
-        let run = self.shared.runner.call(
-            &request.task,
-            &call,
-            Call {
-                name: &params.name,
-                arguments,
-                lookup,
-                approval: ApprovalFlow::Ask(&asker),
-            },
-        );
-        // A client's `notifications/cancelled` fires `ct`: dropping the call
-        // cancels it on the server and frees its slot once the server is done.
-        let done = tokio::select! {
-            done = in_round(round.as_ref(), async { Ok(run.await) }) => done?,
-            () = context.ct.cancelled() => {
-                return Err(ErrorData::internal_error("request cancelled by the client", None));
-            }
-        };
-        let done = match done {
-            Settled::Done(done) => done,
-            Settled::InputRequired(asked) => return Ok(CallToolResponse::InputRequired(asked)),
-        };
-        match &done {
-            // The approval's question.
-            Err(CallError::Asking(asked)) => {
-                return Ok(CallToolResponse::InputRequired(asked.as_ref().clone()));
-            }
-            Err(CallError::PolicyDenied(_)) => {
-                return Err(ErrorData::invalid_params(
-                    format!("unknown tool {:?}", params.name),
-                    None,
-                ));
-            }
-            // A server of 2026-07-28 asked itself: a client without a
-            // session gets its question as it is.
-            Err(CallError::Mcp(McpError::InputRequired(asked))) => {
-                if let Some(round) = &round {
-                    return Ok(CallToolResponse::InputRequired(
-                        round.pass_on(asked.as_ref().clone()),
-                    ));
-                }
-            }
-            // Without a session: the client that can open links is sent to
-            // the caller's consent link; the retry runs with the grant.
-            Err(CallError::Mcp(McpError::AuthorizationRequired(required))) => {
-                if let Some(round) = round.as_ref().filter(|round| round.may_send_to_link()) {
-                    return Ok(CallToolResponse::InputRequired(
-                        round.ask_consent(consent::message(required), required.url.clone()),
-                    ));
-                }
-            }
-            // A server of 2026-07-28 that refused the call for a capability
-            // the client lacks: the client hears it as the server said it.
-            Err(CallError::Mcp(McpError::CapabilityRequired(refusal))) => {
-                return Err(refusal.as_ref().clone());
-            }
-            _ => {}
-        }
-        // A call that failed after its server was refused what the client
-        // did not declare failed for want of that capability.
-        let failed = done
-            .as_ref()
-            .map_or(true, |done| done.outcome.result.is_error == Some(true));
-        if failed
-            && let Some(missing) = round
-                .as_ref()
-                .and_then(|round| round.inputs.missing_capability())
-        {
-            return Err(missing);
-        }
-        // What the server sent about the call reaches the client first.
-        if let Some(peer) = &downstream {
-            peer.flush().await;
-        }
-        Ok(match done {
-            Ok(done) => done.outcome.result,
-            Err(err) => tool_error(&err),
-        }
-        .completed()
-        .into())
+        self.call(&request, params, &Invocation::of(&context)).await
     }
 
     async fn list_prompts(
@@ -1065,9 +609,10 @@ impl ServerHandler for GatewayServer {
             .clone()
             .map_or(serde_json::Value::Null, serde_json::Value::Object);
         let key = self.round_key(&request, "prompts/get", &params.name, arguments);
-        let round = self.round(&context, key, carried)?;
+        let invocation = Invocation::of(&context);
+        let round = self.round(&invocation, key, carried)?;
         (params.input_responses, params.request_state) = upstream_params(round.as_ref());
-        let attachment = self.attachment(&context, round.as_ref()).map(|(_, a)| a);
+        let attachment = self.attachment(&invocation, round.as_ref()).map(|(_, a)| a);
         let prompt = self.forward_attached(&request, &server, attachment, |peer| async move {
             peer.get_prompt_once(params).await.map(ServerResult::from)
         });
@@ -1132,7 +677,9 @@ impl ServerHandler for GatewayServer {
         let request = self.request_of(&context)?;
         if let Scope::Server(id) = &request.scope {
             let server = self.server(&request, id)?;
-            return self.read_from(&context, &request, &server, params).await;
+            return self
+                .read_from(&Invocation::of(&context), &request, &server, params)
+                .await;
         }
         // The catalog endpoint keeps resource URIs as the servers give them:
         // the first server that allows and has the resource answers.
@@ -1144,7 +691,7 @@ impl ServerHandler for GatewayServer {
                 continue;
             }
             match self
-                .read_from(&context, &request, &server, params.clone())
+                .read_from(&Invocation::of(&context), &request, &server, params.clone())
                 .await
             {
                 Ok(read) => return Ok(read),

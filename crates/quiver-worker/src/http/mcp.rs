@@ -8,14 +8,18 @@
 //! metadata), a POST body read within its limit and judged as one JSON-RPC
 //! message (the transport spec's -32700/-32600, nesting bounded before any
 //! parser recurses), an `initialize` or `server/discover` at an endpoint
-//! that would serve the caller nothing refused (404); then the gateway.
-//! Every answer is counted in `mcp_gateway_requests_total`.
+//! that would serve the caller nothing refused (404); then the gateway —
+//! a plain stateless `tools/call` directly ([`plain`]), anything else
+//! through rmcp's streamable-HTTP service. Every answer is counted in
+//! `mcp_gateway_requests_total`.
+
+mod plain;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use quiver_mcp::ErrorCode;
+use quiver_model::ErrorCode;
 use quiver_model::policy::server_selected;
 use serde::Deserialize;
 use serde_json::json;
@@ -133,10 +137,17 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
                 return (String::new(), ApiError::from(error).into_response());
             }
         };
-        match jsonrpc_envelope(&bytes) {
-            Ok(posted) => (Body::from(bytes), Some(posted)),
+        let posted = match jsonrpc_envelope(&bytes) {
+            Ok(posted) => posted,
             Err(refused) => return (String::new(), refused),
+        };
+        if posted.method == "tools/call"
+            && let Some(call) = plain::plain_call(&parts.headers, &bytes)
+        {
+            let response = plain::answer(&state.gateway, gateway_request, call).await;
+            return (posted.method, response);
         }
+        (Body::from(bytes), Some(posted))
     } else {
         (Body::new(body), None)
     };
@@ -152,7 +163,8 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
     let response = state
         .gateway
         .handle(gateway_request, posted, Request::from_parts(parts, body))
-        .await;
+        .await
+        .unwrap_or_else(|refused| ApiError::from(refused).into_response());
     (rpc_method, response)
 }
 

@@ -1,0 +1,342 @@
+//! The lean edge of the stateless path (MCP 2026-07-28, issue #23): a
+//! *plain* `tools/call` is answered by the gateway directly
+//! ([`crate::gateway::Gateway::call_plain`]) instead of through rmcp's
+//! streamable-HTTP service, which builds a server, a service task and its
+//! channels for every request without a session.
+//!
+//! Plain is the common case whose every transport check rmcp would pass:
+//! a POST without a session, a JSON body accepted as JSON or SSE,
+//! `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` each present once
+//! and agreeing with the body (the name unencoded), no `Mcp-Param-*`
+//! header, and `_meta` of 2026-07-28 with every required key. Anything else
+//! goes to rmcp as before, so every refusal the specification asks for is
+//! still rmcp's. A plain request is answered as rmcp answers it with
+//! `json_response`: the same handler and result epilogue, as JSON with the
+//! same HTTP status when the result is all there is to say, as an SSE
+//! stream when progress or a log message comes first.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use rmcp::model::{
+    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, ErrorCode as RpcCode,
+    JsonRpcMessage, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
+    ServerNotification,
+};
+use rmcp::transport::common::http_header::{
+    EVENT_STREAM_MIME_TYPE, HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PARAM_PREFIX,
+    HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID, JSON_MIME_TYPE,
+};
+
+use crate::gateway::Gateway;
+use crate::gateway::peer::{RelayReceiver, relay_channel};
+use crate::gateway::server::GatewayRequest;
+
+/// A plain stateless `tools/call`, taken apart.
+pub struct PlainCall {
+    /// The JSON-RPC id.
+    pub id: RequestId,
+    /// The request's `_meta`.
+    pub meta: RequestMetaObject,
+    /// The call.
+    pub params: CallToolRequestParams,
+}
+
+/// The `tools/call` in `body` if the request is plain (see the module
+/// docs); `None` sends it the general way.
+pub fn plain_call(headers: &HeaderMap, body: &Bytes) -> Option<PlainCall> {
+    if headers.contains_key(HEADER_SESSION_ID)
+        || !accepts_json_and_sse(headers)
+        || !is_json(headers)
+        || only(headers, HEADER_MCP_PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
+        || only(headers, HEADER_MCP_METHOD)? != "tools/call"
+        || headers.keys().any(is_param_header)
+    {
+        return None;
+    }
+    let JsonRpcMessage::Request(request) =
+        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+    else {
+        return None;
+    };
+    let ClientRequest::CallToolRequest(mut call) = request.request else {
+        return None;
+    };
+    if only(headers, HEADER_MCP_NAME)? != call.params.name {
+        return None;
+    }
+    // rmcp's parser keeps `_meta` beside the parameters.
+    let meta = call
+        .extensions
+        .remove::<RequestMetaObject>()
+        .unwrap_or_default();
+    let plain = meta.protocol_version() == Some(ProtocolVersion::V_2026_07_28)
+        && meta
+            .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+            .is_empty();
+    plain.then_some(PlainCall {
+        id: request.id,
+        meta,
+        params: call.params,
+    })
+}
+
+/// Runs `call` and answers it: as JSON when its result is all there is to
+/// say, as an SSE stream when the server relayed something first.
+pub async fn answer(gateway: &Gateway, request: GatewayRequest, call: PlainCall) -> Response {
+    let (relay, mut relayed) = relay_channel();
+    let mut result: Answer =
+        Box::pin(gateway.call_plain(request, call.id, call.meta, call.params, relay));
+    let first = tokio::select! {
+        message = &mut result => match relayed.try_next() {
+            None => return json(message),
+            Some(first) => (first, Feed::Draining(Box::new(message), relayed)),
+        },
+        Some(first) = relayed.next() => (first, Feed::Running(result, relayed)),
+    };
+    sse(gateway, first.0, first.1)
+}
+
+/// The call's future: its result as the message that ends the answer.
+type Answer = Pin<Box<dyn Future<Output = ServerJsonRpcMessage> + Send>>;
+
+/// What an SSE answer still has to send after its first notification.
+enum Feed {
+    /// The call runs: its notifications, then its result.
+    Running(Answer, RelayReceiver),
+    /// The call is done: what it relayed before, then its result.
+    Draining(Box<ServerJsonRpcMessage>, RelayReceiver),
+    Done,
+}
+
+impl Feed {
+    /// The next message and what follows it.
+    async fn next(self) -> Option<(ServerJsonRpcMessage, Feed)> {
+        match self {
+            Feed::Running(mut result, mut relayed) => tokio::select! {
+                biased;
+                Some(note) = relayed.next() => {
+                    Some((ServerJsonRpcMessage::notification(note), Feed::Running(result, relayed)))
+                }
+                message = &mut result => Feed::Draining(Box::new(message), relayed).drain(),
+            },
+            Feed::Draining(message, relayed) => Feed::Draining(message, relayed).drain(),
+            Feed::Done => None,
+        }
+    }
+
+    /// What was relayed before the result, one at a time, then the result.
+    fn drain(self) -> Option<(ServerJsonRpcMessage, Feed)> {
+        let Feed::Draining(message, mut relayed) = self else {
+            return None;
+        };
+        Some(match relayed.try_next() {
+            Some(note) => (
+                ServerJsonRpcMessage::notification(note),
+                Feed::Draining(message, relayed),
+            ),
+            None => (*message, Feed::Done),
+        })
+    }
+}
+
+/// The answer as one JSON message, with the HTTP status rmcp's transport
+/// gives it.
+fn json(message: ServerJsonRpcMessage) -> Response {
+    let status = match &message {
+        JsonRpcMessage::Error(error) => error_status(error.error.code),
+        _ => StatusCode::OK,
+    };
+    (status, axum::Json(message)).into_response()
+}
+
+/// The answer as an SSE stream: `first`, then what `feed` has.
+fn sse(gateway: &Gateway, first: ServerNotification, feed: Feed) -> Response {
+    let rest = futures::stream::unfold(feed, Feed::next);
+    let events = futures::stream::once(std::future::ready(ServerJsonRpcMessage::notification(
+        first,
+    )))
+    .chain(rest)
+    .map(event);
+    let sse = Sse::new(events);
+    match gateway.sse_keep_alive() {
+        Some(interval) => sse
+            .keep_alive(KeepAlive::new().interval(interval))
+            .into_response(),
+        None => sse.into_response(),
+    }
+}
+
+fn event(message: ServerJsonRpcMessage) -> Result<Event, Infallible> {
+    Ok(Event::default().data(serde_json::to_string(&message).unwrap_or_default()))
+}
+
+/// The HTTP status of a JSON-RPC error answering a well-formed request
+/// without a session, as rmcp's streamable-HTTP server maps it
+/// (`jsonrpc_http_status`): the transport-level refusals are 400, an
+/// unknown method 404, everything else travels in a 200.
+fn error_status(code: RpcCode) -> StatusCode {
+    match code {
+        RpcCode::UNSUPPORTED_PROTOCOL_VERSION
+        | RpcCode::MISSING_REQUIRED_CLIENT_CAPABILITY
+        | RpcCode::HEADER_MISMATCH => StatusCode::BAD_REQUEST,
+        RpcCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+        _ => StatusCode::OK,
+    }
+}
+
+/// The one value of header `name`, if it is sent exactly once as text.
+fn only<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then(|| value.to_str().ok())?
+}
+
+/// `Accept` names both media types the transport requires, without
+/// parameters (a weight could exclude one: rmcp judges those).
+fn accepts_json_and_sse(headers: &HeaderMap) -> bool {
+    let mut json = false;
+    let mut sse = false;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(value) = value.to_str() else {
+            return false;
+        };
+        for media in value.split(',').map(str::trim) {
+            if media.contains(';') {
+                return false;
+            }
+            json |= media.eq_ignore_ascii_case(JSON_MIME_TYPE);
+            sse |= media.eq_ignore_ascii_case(EVENT_STREAM_MIME_TYPE);
+        }
+    }
+    json && sse
+}
+
+/// `Content-Type` is JSON.
+fn is_json(headers: &HeaderMap) -> bool {
+    only(headers, header::CONTENT_TYPE.as_str()).is_some_and(|value| {
+        let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
+        essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
+    })
+}
+
+fn is_param_header(name: &HeaderName) -> bool {
+    name.as_str()
+        .get(..HEADER_MCP_PARAM_PREFIX.len())
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case(HEADER_MCP_PARAM_PREFIX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const BODY: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+
+    fn headers() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("accept", "application/json, text/event-stream"),
+            ("content-type", "application/json"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", "echo"),
+        ] {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    fn judged(headers: &HeaderMap, body: &str) -> Option<PlainCall> {
+        plain_call(headers, &Bytes::from(body.to_owned()))
+    }
+
+    #[test]
+    fn a_plain_call_is_taken_apart() {
+        let plain = judged(&headers(), BODY).expect("plain");
+        assert_eq!(plain.id, RequestId::Number(7));
+        assert_eq!(plain.params.name, "echo");
+        assert_eq!(
+            plain.meta.protocol_version(),
+            Some(ProtocolVersion::V_2026_07_28)
+        );
+        assert!(plain.params.arguments.is_some());
+        // Progress and log messages are relayed on an SSE answer.
+        for opted_in in [
+            r#""_meta":{"progressToken":1,"#,
+            r#""_meta":{"io.modelcontextprotocol/logLevel":"info","#,
+        ] {
+            let body = BODY.replace(r#""_meta":{"#, opted_in);
+            assert!(judged(&headers(), &body).is_some(), "{opted_in}");
+        }
+    }
+
+    /// What a case changes of a plain request's headers.
+    type HeaderChange = fn(&mut HeaderMap);
+
+    #[test]
+    fn anything_unusual_goes_the_general_way() {
+        let cases: Vec<(&str, HeaderChange)> = vec![
+            ("a session", |h| {
+                h.insert("mcp-session-id", HeaderValue::from_static("s"));
+            }),
+            ("an older version", |h| {
+                h.insert(
+                    "mcp-protocol-version",
+                    HeaderValue::from_static("2025-11-25"),
+                );
+            }),
+            ("no Mcp-Method", |h| {
+                h.remove("mcp-method");
+            }),
+            ("another Mcp-Method", |h| {
+                h.insert("mcp-method", HeaderValue::from_static("tools/list"));
+            }),
+            ("a second Mcp-Method", |h| {
+                h.append("mcp-method", HeaderValue::from_static("tools/call"));
+            }),
+            ("another Mcp-Name", |h| {
+                h.insert("mcp-name", HeaderValue::from_static("add"));
+            }),
+            ("an encoded Mcp-Name", |h| {
+                h.insert("mcp-name", HeaderValue::from_static("=?base64?ZWNobw==?="));
+            }),
+            ("a parameter header", |h| {
+                h.insert("mcp-param-text", HeaderValue::from_static("hi"));
+            }),
+            ("a weighted Accept", |h| {
+                h.insert(
+                    "accept",
+                    HeaderValue::from_static("application/json;q=0, text/event-stream"),
+                );
+            }),
+            ("JSON not accepted", |h| {
+                h.insert("accept", HeaderValue::from_static("text/event-stream"));
+            }),
+            ("a text body", |h| {
+                h.insert("content-type", HeaderValue::from_static("text/plain"));
+            }),
+        ];
+        for (case, change) in cases {
+            let mut headers = headers();
+            change(&mut headers);
+            assert!(judged(&headers, BODY).is_none(), "{case}");
+        }
+        for (case, body) in [
+            (
+                "no client capabilities",
+                BODY.replace(r#","io.modelcontextprotocol/clientCapabilities":{}"#, ""),
+            ),
+            ("another method", BODY.replace("tools/call", "tools/list")),
+            ("a notification", BODY.replace(r#""id":7,"#, "")),
+            ("not JSON-RPC", "{".to_owned()),
+        ] {
+            assert!(judged(&headers(), &body).is_none(), "{case}");
+        }
+    }
+}
