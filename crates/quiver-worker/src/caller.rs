@@ -91,7 +91,12 @@ impl CallerId {
 
     /// A short opaque form, for signed artifact URLs and keys (not secret).
     pub fn tag(&self) -> String {
-        self.id.iter().map(|b| format!("{b:02x}")).collect()
+        use std::fmt::Write as _;
+        let mut tag = String::with_capacity(2 * self.id.len());
+        for byte in self.id {
+            let _ = write!(tag, "{byte:02x}");
+        }
+        tag
     }
 
     /// The caller of [`tag`](Self::tag).

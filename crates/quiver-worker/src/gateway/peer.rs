@@ -8,6 +8,7 @@
 #![expect(deprecated)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -173,6 +174,9 @@ pub struct DownstreamPeer {
     /// To the task that sends the notifications to rmcp's stream, or the
     /// lean edge's stream itself.
     queue: mpsc::UnboundedSender<Relayed>,
+    /// Whether a notification was queued (a flush waits for nothing
+    /// otherwise).
+    queued: AtomicBool,
 }
 
 fn service_error(err: ServiceError) -> ErrorData {
@@ -194,6 +198,7 @@ impl DownstreamPeer {
             downstream,
             request_id,
             queue,
+            queued: AtomicBool::new(false),
         }
     }
 
@@ -220,8 +225,15 @@ impl DownstreamPeer {
     }
 
     /// Waits (at most [`FLUSH_WAIT`]) until the notifications relayed so
-    /// far are on the client's stream.
+    /// far are on the client's stream. Nothing to wait for when none was
+    /// queued, or when the queue is the lean edge's own stream: it reads
+    /// what came before the result first.
     pub async fn flush(&self) {
+        if !self.queued.load(Ordering::Acquire)
+            || matches!(self.downstream.stream, ClientStream::Relay(_))
+        {
+            return;
+        }
         let (done, flushed) = oneshot::channel();
         if self.queue.send(Relayed::Flushed(done)).is_ok() {
             let _ = tokio::time::timeout(FLUSH_WAIT, flushed).await;
@@ -254,6 +266,7 @@ impl DownstreamPeer {
             metrics::counter!("mcp_gateway_relay_dropped_total").increment(1);
             return;
         };
+        self.queued.store(true, Ordering::Release);
         let _ = self.queue.send(relayed(slot));
     }
 }

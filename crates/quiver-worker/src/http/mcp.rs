@@ -21,6 +21,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use quiver_model::ErrorCode;
 use quiver_model::policy::server_selected;
+use rmcp::model::ClientJsonRpcMessage;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -147,6 +148,9 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
             let response = plain::answer(&state.gateway, gateway_request, call).await;
             return (posted.method, response);
         }
+        if let Err(refused) = readable(&bytes) {
+            return (posted.method, refused);
+        }
         (Body::from(bytes), Some(posted))
     } else {
         (Body::new(body), None)
@@ -208,14 +212,21 @@ fn check_scope(state: &ApiState, request: &GatewayRequest) -> Result<(), Respons
 fn count(http_method: &axum::http::Method, rpc_method: &str, response: Response) -> Response {
     // Methods are the client's strings: only the protocol's names become
     // labels, so a client cannot grow the metric without bound.
-    let method = match rpc_method {
-        "" => http_method.as_str(),
-        known if MCP_METHODS.contains(&known) => known,
-        _ => "other",
+    let method: &'static str = match rpc_method {
+        "" => match *http_method {
+            axum::http::Method::GET => "GET",
+            axum::http::Method::POST => "POST",
+            axum::http::Method::DELETE => "DELETE",
+            _ => "other",
+        },
+        method => MCP_METHODS
+            .iter()
+            .find(|known| **known == method)
+            .unwrap_or(&"other"),
     };
     metrics::counter!(
         "mcp_gateway_requests_total",
-        "method" => method.to_owned(),
+        "method" => method,
         "status" => response.status().as_u16().to_string()
     )
     .increment(1);
@@ -309,7 +320,8 @@ struct InitializeParams {
 
 /// What a POST body says, or the JSON-RPC error the transport spec
 /// prescribes for it: -32700 for a body that is not JSON, -32600 for JSON
-/// that is not one JSON-RPC 2.0 message (batches were removed in 2025-06-18).
+/// that is not one JSON-RPC 2.0 message (batches were removed in
+/// 2025-06-18).
 #[expect(clippy::result_large_err, reason = "the error is the response itself")]
 fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
     let invalid = |detail: &str| {
@@ -359,12 +371,6 @@ fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
         }
         _ => {}
     }
-    // The whole message as the transport will read it: what it cannot
-    // read is refused here with the JSON-RPC error, not by the transport
-    // as an unsupported media type.
-    if let Err(err) = serde_json::from_slice::<rmcp::model::ClientJsonRpcMessage>(body) {
-        return Err(invalid(&err.to_string()));
-    }
     let method = envelope.method.map(|m| m.into_owned()).unwrap_or_default();
     let protocol_version = (method == "initialize")
         .then_some(envelope.params)
@@ -377,25 +383,49 @@ fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
     })
 }
 
+/// Refuses (-32600) a well-formed JSON-RPC message that rmcp's transport
+/// cannot read as a client message, with the JSON-RPC error rather than the
+/// transport's unsupported media type. The lean edge's plain calls, read by
+/// a parser of their own, never come here.
+#[expect(clippy::result_large_err, reason = "the error is the response itself")]
+fn readable(body: &[u8]) -> Result<(), Response> {
+    match serde_json::from_slice::<ClientJsonRpcMessage>(body) {
+        Ok(_) => Ok(()),
+        Err(err) => Err(jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32600,
+            &format!("Invalid Request: {err}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The edge's judgement of a body that is not a plain call.
+    #[expect(clippy::result_large_err, reason = "the error is the response itself")]
+    fn judged(body: &[u8]) -> Result<Posted, Response> {
+        let posted = jsonrpc_envelope(body)?;
+        readable(body)?;
+        Ok(posted)
+    }
+
     fn code_of(body: &str) -> Option<u16> {
-        jsonrpc_envelope(body.as_bytes())
+        judged(body.as_bytes())
             .err()
             .map(|response| response.status().as_u16())
     }
 
     #[test]
     fn post_bodies_are_judged_in_one_pass() {
-        let posted = jsonrpc_envelope(
+        let posted = judged(
             br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{}}}"#,
         )
         .unwrap_or_else(|_| panic!("initialize refused"));
         assert_eq!(posted.method, "initialize");
         assert_eq!(posted.protocol_version.as_deref(), Some("2025-06-18"));
-        let call = jsonrpc_envelope(
+        let call = judged(
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":{"protocolVersion":1}}}"#,
         )
         .unwrap_or_else(|_| panic!("tools/call refused"));
@@ -403,7 +433,7 @@ mod tests {
             (call.method.as_str(), call.protocol_version),
             ("tools/call", None)
         );
-        assert!(jsonrpc_envelope(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_ok());
+        assert!(judged(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_ok());
         for bad in ["{not json", "", "[1"] {
             assert_eq!(code_of(bad), Some(400), "{bad}");
         }
@@ -420,7 +450,7 @@ mod tests {
     }
 
     fn rpc_code_of(body: &str) -> (u16, i64) {
-        let response = jsonrpc_envelope(body.as_bytes())
+        let response = judged(body.as_bytes())
             .err()
             .unwrap_or_else(|| panic!("{body} accepted"));
         let status = response.status().as_u16();
@@ -456,13 +486,13 @@ mod tests {
             "[".repeat(5_000),
             "{".repeat(10)
         );
-        assert!(jsonrpc_envelope(quoted.as_bytes()).is_ok());
+        assert!(judged(quoted.as_bytes()).is_ok());
         for fine in [
             r#"{"jsonrpc":"2.0","id":"x","method":"ping"}"#,
             r#"{"jsonrpc":"2.0","id":-3,"method":"ping"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         ] {
-            assert!(jsonrpc_envelope(fine.as_bytes()).is_ok(), "{fine}");
+            assert!(judged(fine.as_bytes()).is_ok(), "{fine}");
         }
     }
 }

@@ -18,20 +18,19 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, ErrorCode as RpcCode,
-    JsonRpcMessage, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
-    ServerNotification,
+    CallToolRequestParams, ErrorCode as RpcCode, JsonRpcMessage, ProtocolVersion, RequestId,
+    RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PARAM_PREFIX,
     HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
+use serde::Deserialize;
 
 use crate::gateway::Gateway;
 use crate::gateway::peer::{RelayReceiver, relay_channel};
@@ -47,9 +46,22 @@ pub struct PlainCall {
     pub params: CallToolRequestParams,
 }
 
+/// A `tools/call` as the lean edge reads it, after the edge judged the
+/// envelope (`jsonrpc`, `method`, `id`): straight into its parameters,
+/// without rmcp's reading of a client message (an untagged enum over every
+/// message and request type, whose failed attempts each build an error),
+/// which cost more than the rest of the edge together.
+#[derive(Deserialize)]
+struct PlainRequest<'a> {
+    #[serde(borrow)]
+    method: std::borrow::Cow<'a, str>,
+    id: RequestId,
+    params: CallToolRequestParams,
+}
+
 /// The `tools/call` in `body` if the request is plain (see the module
 /// docs); `None` sends it the general way.
-pub fn plain_call(headers: &HeaderMap, body: &Bytes) -> Option<PlainCall> {
+pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
     if headers.contains_key(HEADER_SESSION_ID)
         || !accepts_json_and_sse(headers)
         || !is_json(headers)
@@ -59,31 +71,21 @@ pub fn plain_call(headers: &HeaderMap, body: &Bytes) -> Option<PlainCall> {
     {
         return None;
     }
-    let JsonRpcMessage::Request(request) =
-        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
-    else {
-        return None;
-    };
-    let ClientRequest::CallToolRequest(mut call) = request.request else {
-        return None;
-    };
-    if only(headers, HEADER_MCP_NAME)? != call.params.name {
+    let PlainRequest {
+        method,
+        id,
+        mut params,
+    } = serde_json::from_slice(body).ok()?;
+    if method != "tools/call" || only(headers, HEADER_MCP_NAME)? != params.name {
         return None;
     }
-    // rmcp's parser keeps `_meta` beside the parameters.
-    let meta = call
-        .extensions
-        .remove::<RequestMetaObject>()
-        .unwrap_or_default();
+    // Kept beside the parameters, as rmcp hands a request's `_meta` over.
+    let meta = params.meta.take().unwrap_or_default();
     let plain = meta.protocol_version() == Some(ProtocolVersion::V_2026_07_28)
         && meta
             .missing_required_keys(&ProtocolVersion::V_2026_07_28)
             .is_empty();
-    plain.then_some(PlainCall {
-        id: request.id,
-        meta,
-        params: call.params,
-    })
+    plain.then_some(PlainCall { id, meta, params })
 }
 
 /// Runs `call` and answers it: as JSON when its result is all there is to
@@ -253,7 +255,7 @@ mod tests {
     }
 
     fn judged(headers: &HeaderMap, body: &str) -> Option<PlainCall> {
-        plain_call(headers, &Bytes::from(body.to_owned()))
+        plain_call(headers, body.as_bytes())
     }
 
     #[test]
