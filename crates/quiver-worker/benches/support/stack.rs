@@ -17,6 +17,12 @@ use quiver_worker::auth::{CallerToken, CallersConfig};
 use quiver_worker::{Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
+/// The allocator the `quiver` binary runs the worker with
+/// (crates/quiver/src/main.rs): the worker is measured as it ships. Its
+/// clients and servers in this process use it too.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// A benchmark's error.
 pub type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 

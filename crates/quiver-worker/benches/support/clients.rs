@@ -1,0 +1,199 @@
+//! The MCP clients of the benchmarks that measure what a hop adds (issue
+//! #23): [`RawMcp`], a JSON-RPC client of streamable HTTP with no MCP
+//! library (what "a raw keep-alive client" costs, the baseline), and
+//! [`rmcp_client`], the client library the worker's pool is built on.
+//! Included with `#[path = "support/clients.rs"] mod clients;`.
+
+use std::time::Duration;
+
+use rmcp::RoleClient;
+use rmcp::model::{JsonObject, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+
+use crate::stack::BenchResult;
+
+/// Bound on every request.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The protocol era a client speaks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Era {
+    /// 2025-11-25: `initialize`, a session.
+    Session,
+    /// 2026-07-28: no session, every request standing alone.
+    Stateless,
+}
+
+impl Era {
+    /// The protocol version it sends.
+    pub fn version(self) -> &'static str {
+        match self {
+            Era::Session => "2025-11-25",
+            Era::Stateless => "2026-07-28",
+        }
+    }
+}
+
+/// An rmcp client of `url` in the lifecycle of `era`, presenting `bearer`
+/// if given; one request in flight at a time.
+pub async fn rmcp_client(
+    url: &str,
+    era: Era,
+    bearer: Option<&str>,
+) -> BenchResult<RunningService<RoleClient, ()>> {
+    let mut config =
+        StreamableHttpClientTransportConfig::with_uri(url.to_owned()).max_concurrent_requests(1);
+    if let Some(token) = bearer {
+        config = config.auth_header(token.to_owned());
+    }
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let lifecycle = match era {
+        Era::Session => ClientLifecycleMode::Initialize,
+        Era::Stateless => ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+    };
+    Ok(tokio::time::timeout(WAIT, ().serve_with_lifecycle(transport, lifecycle)).await??)
+}
+
+/// One raw client: one keep-alive connection, one request at a time.
+pub struct RawMcp {
+    http: reqwest::Client,
+    url: String,
+    bearer: Option<&'static str>,
+    era: Era,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl RawMcp {
+    /// A client of `url` in `era` (a session opened with `initialize`),
+    /// presenting `bearer` if given.
+    pub async fn connect(url: &str, era: Era, bearer: Option<&'static str>) -> BenchResult<Self> {
+        let mut raw = RawMcp {
+            http: reqwest::Client::new(),
+            url: url.to_owned(),
+            bearer,
+            era,
+            session: None,
+            next_id: 0,
+        };
+        if era == Era::Session {
+            let response = raw
+                .post(json!({
+                    "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                    "params": {
+                        "protocolVersion": era.version(),
+                        "capabilities": {},
+                        "clientInfo": {"name": "bench-raw", "version": "0"},
+                    },
+                }))
+                .send()
+                .await?
+                .error_for_status()?;
+            raw.session = Some(
+                response
+                    .headers()
+                    .get("mcp-session-id")
+                    .ok_or("no mcp-session-id in the initialize answer")?
+                    .to_str()?
+                    .to_owned(),
+            );
+            read_answer(response, 0).await?;
+            raw.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                .send()
+                .await?
+                .error_for_status()?;
+        }
+        Ok(raw)
+    }
+
+    fn post(&self, body: Value) -> reqwest::RequestBuilder {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body)
+            .timeout(WAIT);
+        if let Some(token) = self.bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some(session) = &self.session {
+            request = request
+                .header("mcp-session-id", session)
+                .header("mcp-protocol-version", self.era.version());
+        }
+        request
+    }
+
+    /// One `tools/call`: a session's, or a 2026-07-28 request with its
+    /// `_meta` and the transport's headers; its result.
+    pub async fn call(&mut self, tool: &str, arguments: JsonObject) -> BenchResult<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut params = json!({"name": tool, "arguments": arguments});
+        let request = if self.era == Era::Stateless {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": self.era.version(),
+                "io.modelcontextprotocol/clientInfo": {"name": "bench-raw", "version": "0"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+            });
+            self.post(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+                .header("mcp-protocol-version", self.era.version())
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", tool)
+        } else {
+            self.post(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+        };
+        let response = request.send().await?.error_for_status()?;
+        read_answer(response, id).await
+    }
+}
+
+/// One call through the worker's JSON tool API (`POST /v1/mcp/tools/call`
+/// at `url`) of tool `name` (its injected name) as the bench caller; its
+/// answer.
+pub async fn tool_api_call(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+    arguments: JsonObject,
+) -> BenchResult<Value> {
+    Ok(http
+        .post(url)
+        .bearer_auth(crate::stack::CALLER_TOKEN)
+        .json(&json!({"name": name, "arguments": arguments}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+/// The result of JSON-RPC request `id` in an answer, JSON or SSE (read to
+/// its end).
+async fn read_answer(response: reqwest::Response, id: u64) -> BenchResult<Value> {
+    let is_sse = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let body = response.bytes().await?;
+    let message: Value = if is_sse {
+        std::str::from_utf8(&body)?
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim_start()).ok())
+            .find(|message| message["id"] == id)
+            .ok_or("no answer in the event stream")?
+    } else {
+        serde_json::from_slice(&body)?
+    };
+    match message.get("result") {
+        Some(result) => Ok(result.clone()),
+        None => Err(format!("not a result: {message}").into()),
+    }
+}
