@@ -21,7 +21,7 @@ pub fn canonical_arguments_hash(arguments: &serde_json::Value) -> String {
     let mut canonical = String::new();
     write_canonical(arguments, &mut canonical);
     let digest = Sha256::digest(canonical.as_bytes());
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    hex::encode(digest)
 }
 
 fn write_canonical(value: &serde_json::Value, out: &mut String) {

@@ -117,7 +117,7 @@ fn audit(action: &'static str, kind: AccessKind, name: &str, revision: u64, acto
 pub(crate) fn new_key() -> (String, String) {
     let id: [u8; 8] = rand::random();
     let secret: [u8; 32] = rand::random();
-    let id = id.iter().map(|b| format!("{b:02x}")).collect();
+    let id = hex::encode(id);
     let key = format!(
         "{KEY_PREFIX}{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)

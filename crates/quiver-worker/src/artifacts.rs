@@ -550,7 +550,7 @@ impl ArtifactStore {
         mac.update(b"\0");
         mac.update(id.as_bytes());
         let tag = mac.finalize().into_bytes();
-        tag.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(tag)
     }
 
     /// The artifact's URL for a model provider, which has no caller token:

@@ -91,12 +91,7 @@ impl CallerId {
 
     /// A short opaque form, for signed artifact URLs and keys (not secret).
     pub fn tag(&self) -> String {
-        use std::fmt::Write as _;
-        let mut tag = String::with_capacity(2 * self.id.len());
-        for byte in self.id {
-            let _ = write!(tag, "{byte:02x}");
-        }
-        tag
+        hex::encode(self.id)
     }
 
     /// The caller of [`tag`](Self::tag).

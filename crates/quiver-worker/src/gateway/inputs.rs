@@ -327,7 +327,7 @@ fn input_key(asked: Asked, params: &mut serde_json::Value) -> String {
     }
     named.unwrap_or_else(|| {
         let digest = Sha256::digest(params.to_string().as_bytes());
-        let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let short = hex::encode(&digest[..6]);
         format!("{}-{short}", asked.kind())
     })
 }

@@ -66,10 +66,7 @@ impl SessionToken {
 
 /// The lowercase hex SHA-256 of a session's inner id.
 pub fn session_digest(inner: &str) -> String {
-    Sha256::digest(inner.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(inner.as_bytes()))
 }
 
 /// The current time in Unix milliseconds.
