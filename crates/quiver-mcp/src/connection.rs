@@ -14,25 +14,27 @@ use std::time::{Duration, Instant};
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use quiver_model::Protocol;
-use rmcp::model::{ClientConfig, Implementation, ProtocolVersion};
-use rmcp::service::{NotificationContext, Peer, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::model::ProtocolVersion;
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig,
+};
 use rmcp::transport::{StreamableHttpClientTransport, Transport};
-use rmcp::{ClientHandler, ClientServiceExt, RoleClient};
+use rmcp::{ClientServiceExt, RoleClient};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 
+pub use crate::client_side::ClientSide;
 use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding, GrantRef};
+use crate::direct_call::{DirectCalls, DirectParts, SeenSession};
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::lifecycle::Handshake;
 use crate::peer_events::PeerEvents;
 use crate::process_tree;
-use crate::relay::{Relay, ServerEvent, ServerEventKind};
 use crate::server_log::ServerLog;
 use crate::sse_answer::AnswerFirst;
 use crate::stdio::StdioTransport;
-use crate::tools::ToolsCache;
 
 /// Lines of stderr kept per server.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -146,6 +148,8 @@ pub struct ConnectSettings {
 /// A connected, initialized MCP client.
 pub struct Connection {
     peer: Peer<RoleClient>,
+    /// `tools/call` posted by its caller (streamable HTTP only).
+    direct: Option<Arc<DirectCalls>>,
     /// The protocol version the handshake settled on.
     protocol_version: ProtocolVersion,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, ClientSide>>>,
@@ -161,167 +165,6 @@ pub struct Connection {
     pub connected_at: Instant,
     /// The OAuth grant the connection carries (`http.auth_ref` records).
     grant: Option<Arc<GrantBinding>>,
-}
-
-/// The worker's side of a connection: who it is, and where what the server
-/// sends on its own goes (see [`crate::relay`]).
-#[derive(Clone)]
-pub struct ClientSide {
-    /// The server's log tail.
-    pub(crate) log: ServerLog,
-    /// The calls in flight on the server, for their traffic.
-    pub(crate) relay: Arc<Relay>,
-    /// Where changes the server announces are published.
-    pub(crate) events: broadcast::Sender<ServerEvent>,
-    /// Dropped when the server says its tools changed.
-    pub(crate) tools: Arc<ToolsCache>,
-}
-
-impl ClientSide {
-    /// A side for a connection of its own (a probe): its log goes to `log`,
-    /// nothing else is relayed or published.
-    pub fn standalone(log: ServerLog) -> Self {
-        ClientSide {
-            log,
-            relay: Arc::default(),
-            events: broadcast::channel(1).0,
-            tools: Arc::default(),
-        }
-    }
-
-    fn publish(&self, kind: ServerEventKind) {
-        if let ServerEventKind::ToolsChanged = kind {
-            self.tools.clear();
-        }
-        // Nobody listening (no gateway session) is not an error.
-        let _ = self.events.send(ServerEvent {
-            server_id: self.log.server_id().to_owned(),
-            kind,
-        });
-    }
-}
-
-/// The `_meta` of a server's request as it is relayed: rmcp hands it to the
-/// handler apart from the params, and the caller must see it (a server may
-/// name its input there, see the gateway's `inputs`); the progress token is
-/// the connection's own.
-fn request_meta(
-    params_meta: Option<rmcp::model::RequestMetaObject>,
-    context: &rmcp::service::RequestContext<RoleClient>,
-) -> Option<rmcp::model::RequestMetaObject> {
-    let mut meta = params_meta.unwrap_or_else(|| context.meta.clone());
-    meta.0.0.remove("progressToken");
-    (!meta.0.0.is_empty()).then_some(meta)
-}
-
-/// A relayed server request, given up when the server cancels it: dropping
-/// the request to the client sends the client `notifications/cancelled`.
-async fn unless_cancelled<T>(
-    context: &rmcp::service::RequestContext<RoleClient>,
-    relayed: impl std::future::Future<Output = Result<T, rmcp::ErrorData>>,
-) -> Result<T, rmcp::ErrorData> {
-    tokio::select! {
-        answer = relayed => answer,
-        () = context.ct.cancelled() => Err(rmcp::ErrorData::internal_error(
-            "cancelled by the server",
-            None,
-        )),
-    }
-}
-
-impl ClientHandler for ClientSide {
-    fn get_info(&self) -> ClientConfig {
-        let capabilities = crate::relay::relayed_capabilities();
-        // The version an `initialize` handshake offers: the newest with one
-        // (2026-07-28 has none; its connections open with `server/discover`,
-        // see `crate::lifecycle`).
-        ClientConfig::new(
-            capabilities,
-            Implementation::new("quiver-worker", env!("CARGO_PKG_VERSION")),
-        )
-        .with_protocol_version(rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE)
-    }
-
-    #[expect(
-        deprecated,
-        reason = "SEP-2577 deprecates server logging, but servers still send it (and flood with it)"
-    )]
-    async fn on_logging_message(
-        &self,
-        params: rmcp::model::LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.log.record(&params);
-        self.relay.log(&params);
-    }
-
-    async fn on_progress(
-        &self,
-        params: rmcp::model::ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.relay.progress(params);
-    }
-
-    #[expect(
-        deprecated,
-        reason = "SEP-2577 deprecates sampling; servers still use it"
-    )]
-    async fn create_message(
-        &self,
-        params: rmcp::model::CreateMessageRequestParams,
-        context: rmcp::service::RequestContext<RoleClient>,
-    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
-        let mut params = params;
-        params.meta = request_meta(params.meta.take(), &context);
-        unless_cancelled(&context, self.relay.create_message(params)).await
-    }
-
-    async fn create_elicitation(
-        &self,
-        params: rmcp::model::ElicitRequestParams,
-        context: rmcp::service::RequestContext<RoleClient>,
-    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
-        let mut params = params;
-        if let rmcp::model::ElicitRequestParams::FormElicitationParams { meta, .. }
-        | rmcp::model::ElicitRequestParams::UrlElicitationParams { meta, .. } = &mut params
-        {
-            *meta = request_meta(meta.take(), &context);
-        }
-        unless_cancelled(&context, self.relay.create_elicitation(params)).await
-    }
-
-    #[expect(deprecated, reason = "SEP-2577 deprecates roots; servers still ask")]
-    async fn list_roots(
-        &self,
-        context: rmcp::service::RequestContext<RoleClient>,
-    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
-        unless_cancelled(
-            &context,
-            self.relay.list_roots(request_meta(None, &context)),
-        )
-        .await
-    }
-
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.publish(ServerEventKind::ToolsChanged);
-    }
-
-    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.publish(ServerEventKind::ResourcesChanged);
-    }
-
-    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.publish(ServerEventKind::PromptsChanged);
-    }
-
-    async fn on_resource_updated(
-        &self,
-        params: rmcp::model::ResourceUpdatedNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.publish(ServerEventKind::ResourceUpdated(params.uri));
-    }
 }
 
 impl Connection {
@@ -362,7 +205,7 @@ impl Connection {
             Ok(match launch {
                 Launch::Stdio(stdio) => {
                     let max_message_bytes = settings.max_message_bytes;
-                    Self::open_stdio(
+                    let (service, pid) = Self::open_stdio(
                         stdio,
                         stderr,
                         &instance,
@@ -370,7 +213,8 @@ impl Connection {
                         client_side(),
                         &handshake,
                     )
-                    .await?
+                    .await?;
+                    (service, pid, None)
                 }
                 Launch::StreamableHttp(http) => {
                     let url = parse_url(&http.url)?;
@@ -380,19 +224,9 @@ impl Connection {
                         (Some(auth_ref), Some(grant)) => {
                             let source = credential_source(settings, auth_ref)?;
                             let client = BrokeredClient::new(client, source, grant.clone());
-                            let transport = StreamableHttpClientTransport::with_client(
-                                AnswerFirst(client),
-                                config,
-                            );
-                            (serve(client_side(), transport, &handshake).await?, None)
+                            serve_streamable(client, config, client_side(), &handshake).await?
                         }
-                        _ => {
-                            let transport = StreamableHttpClientTransport::with_client(
-                                AnswerFirst(client),
-                                config,
-                            );
-                            (serve(client_side(), transport, &handshake).await?, None)
-                        }
+                        _ => serve_streamable(client, config, client_side(), &handshake).await?,
                     }
                 }
                 Launch::LegacySse(http) => {
@@ -426,7 +260,11 @@ impl Connection {
                     .map_err(|err| {
                         McpError::Unavailable(format!("legacy sse connect failed: {err}"))
                     })?;
-                    (serve(client_side(), transport, &handshake).await?, None)
+                    (
+                        serve(client_side(), transport, &handshake).await?,
+                        None,
+                        None,
+                    )
                 }
             })
         };
@@ -446,7 +284,7 @@ impl Connection {
                 other => other.map_err(Opening::into_error),
             }
         };
-        let (service, pid) = tokio::time::timeout(deadline, connecting)
+        let (service, pid, direct) = tokio::time::timeout(deadline, connecting)
             .await
             .map_err(|_| {
                 McpError::Unavailable(with_stderr(
@@ -475,7 +313,16 @@ impl Connection {
             .map_or(ProtocolVersion::LATEST_WITH_INITIALIZE, |info| {
                 info.protocol_version.clone()
             });
+        let direct = direct.map(|parts| {
+            Arc::new(DirectCalls::new(
+                parts,
+                protocol_version.clone(),
+                side.clone(),
+                service.peer().clone(),
+            ))
+        });
         Ok(Connection {
+            direct,
             protocol_version,
             peer: service.peer().clone(),
             service: tokio::sync::Mutex::new(Some(service)),
@@ -522,6 +369,11 @@ impl Connection {
     /// The client side of the connection (cheap to clone, multiplexes requests).
     pub fn peer(&self) -> &Peer<RoleClient> {
         &self.peer
+    }
+
+    /// Its calls posted by their callers, on streamable HTTP.
+    pub(crate) fn direct(&self) -> Option<&Arc<DirectCalls>> {
+        self.direct.as_ref()
     }
 
     /// The child's process id (stdio only).
@@ -642,6 +494,30 @@ impl Opening {
 }
 
 /// Opens the MCP session on `transport` with `handshake`.
+/// A streamable-HTTP connection over `client`, with what its calls need to
+/// be posted by their callers ([`crate::direct_call`]).
+async fn serve_streamable<C: StreamableHttpClient + Sync>(
+    client: C,
+    config: StreamableHttpClientTransportConfig,
+    side: ClientSide,
+    handshake: &Handshake,
+) -> Result<
+    (
+        RunningService<RoleClient, ClientSide>,
+        Option<u32>,
+        Option<DirectParts>,
+    ),
+    Opening,
+> {
+    let client = AnswerFirst {
+        client,
+        session: Arc::<SeenSession>::default(),
+    };
+    let direct = DirectParts::new(client.clone(), &config, client.session.clone());
+    let transport = StreamableHttpClientTransport::with_client(client, config);
+    Ok((serve(side, transport, handshake).await?, None, Some(direct)))
+}
+
 async fn serve<T: Transport<RoleClient> + 'static>(
     side: ClientSide,
     transport: T,

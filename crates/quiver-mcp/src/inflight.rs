@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientNotification, ClientRequest, CustomNotification,
     ProgressToken, RequestId, ServerResult,
@@ -36,6 +37,23 @@ use crate::connection::Connection;
 /// What the server answered to one call.
 pub type Answer = Result<ServerResult, ServiceError>;
 
+/// Where a call's answer comes from: rmcp's service, or the calling task's
+/// own `POST` ([`crate::direct_call`]).
+enum Pending {
+    Rmcp(oneshot::Receiver<Answer>),
+    Direct(BoxFuture<'static, Answer>),
+}
+
+impl Pending {
+    async fn answer(&mut self) -> Answer {
+        match self {
+            // The sender goes away unanswered only when the connection closes.
+            Pending::Rmcp(receiver) => receiver.await.unwrap_or(Err(ServiceError::TransportClosed)),
+            Pending::Direct(answer) => answer.await,
+        }
+    }
+}
+
 /// A call sent to a server; dropping it unanswered abandons the call (see
 /// the module documentation) and keeps `slot` until the server is done.
 pub struct InFlightCall<S: Send + 'static> {
@@ -43,7 +61,7 @@ pub struct InFlightCall<S: Send + 'static> {
     id: RequestId,
     /// The progress token rmcp sent the call with.
     pub progress_token: ProgressToken,
-    answer: Option<oneshot::Receiver<Answer>>,
+    answer: Option<Pending>,
     slot: Option<S>,
     cancel_grace: Duration,
 }
@@ -60,6 +78,19 @@ impl<S: Send + 'static> InFlightCall<S> {
         cancel_grace: Duration,
         meta: Option<rmcp::model::RequestMetaObject>,
     ) -> Result<Self, ServiceError> {
+        if let Some(direct) = connection.direct()
+            && let Some(posting) = direct.posting(&params.name)
+        {
+            let sent = direct.send(posting, params, meta);
+            return Ok(InFlightCall {
+                connection,
+                id: sent.id,
+                progress_token: sent.progress_token,
+                answer: Some(Pending::Direct(sent.answer)),
+                slot: Some(slot),
+                cancel_grace,
+            });
+        }
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         // No rmcp timeout: it would forget the request when it cancels it,
         // and a late answer is what tells that the server is done.
@@ -82,7 +113,7 @@ impl<S: Send + 'static> InFlightCall<S> {
             connection,
             id,
             progress_token,
-            answer: Some(rx),
+            answer: Some(Pending::Rmcp(rx)),
             slot: Some(slot),
             cancel_grace,
         })
@@ -91,11 +122,10 @@ impl<S: Send + 'static> InFlightCall<S> {
     /// The server's answer, if it comes within `within`; otherwise the call
     /// is abandoned and `None` returned.
     pub async fn answer(mut self, within: Duration) -> Option<Answer> {
-        let receiver = self.answer.as_mut()?;
-        let answered = tokio::time::timeout(within, receiver).await.ok()?;
+        let pending = self.answer.as_mut()?;
+        let answered = tokio::time::timeout(within, pending.answer()).await.ok()?;
         self.answer = None;
-        // The sender goes away unanswered only when the connection closes.
-        Some(answered.unwrap_or(Err(ServiceError::TransportClosed)))
+        Some(answered)
     }
 }
 
@@ -122,7 +152,7 @@ impl<S: Send + 'static> Drop for InFlightCall<S> {
 async fn abandon<S>(
     connection: Arc<Connection>,
     id: RequestId,
-    answer: oneshot::Receiver<Answer>,
+    mut answer: Pending,
     slot: S,
     grace: Duration,
 ) {
@@ -142,7 +172,7 @@ async fn abandon<S>(
             .send_notification(ClientNotification::CustomNotification(cancelled)),
     )
     .await;
-    if tokio::time::timeout(grace, answer).await.is_err() {
+    if tokio::time::timeout(grace, answer.answer()).await.is_err() {
         let reason = format!(
             "a cancelled call was not answered within cancel_grace ({} ms)",
             grace.as_millis()

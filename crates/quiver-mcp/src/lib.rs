@@ -3,8 +3,10 @@
 //! streamable HTTP, and the legacy HTTP+SSE transport ([`legacy_sse`],
 //! implemented here as an rmcp transport, since rmcp no longer ships one).
 
+mod client_side;
 pub mod connection;
 pub mod credentials;
+mod direct_call;
 mod dropped;
 pub mod egress;
 mod error;

@@ -23,6 +23,8 @@ use futures::FutureExt as _;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
+
+use crate::direct_call::SeenSession;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
@@ -38,9 +40,40 @@ const MAX_EMPTY: usize = 4;
 type SseStream = BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
 
 /// A [`StreamableHttpClient`] whose `POST`s answered by a stream that starts
-/// with the answer come back as JSON answers (see the module docs).
+/// with the answer come back as JSON answers (see the module docs); the
+/// session id of every `initialize` answer is recorded in `session`.
 #[derive(Clone)]
-pub struct AnswerFirst<C>(pub C);
+pub struct AnswerFirst<C> {
+    pub client: C,
+    pub session: Arc<SeenSession>,
+}
+
+impl<C> AnswerFirst<C> {
+    /// The answer to `message` as [`answer_first`] makes it; an
+    /// `initialize` answer's session id recorded.
+    async fn answered(
+        &self,
+        message_id: Option<RequestId>,
+        initialize: bool,
+        response: StreamableHttpPostResponse,
+    ) -> StreamableHttpPostResponse {
+        if initialize
+            && let StreamableHttpPostResponse::Json(_, session)
+            | StreamableHttpPostResponse::Sse(_, session) = &response
+        {
+            self.session.record(session.as_deref());
+        }
+        answer_first(response, message_id).await
+    }
+}
+
+fn is_initialize(message: &ClientJsonRpcMessage) -> bool {
+    matches!(
+        message,
+        ClientJsonRpcMessage::Request(request)
+            if matches!(request.request, rmcp::model::ClientRequest::InitializeRequest(_))
+    )
+}
 
 /// The answer `id` is waiting for, if it is the first message of `response`'s
 /// stream; otherwise `response` as it was.
@@ -122,11 +155,11 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let id = request_id(&message);
-        let posted = self
-            .0
-            .post_message(uri, message, session_id, auth_header, custom_headers);
-        Ok(answer_first(posted.await?, id).await)
+        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let posted =
+            self.client
+                .post_message(uri, message, session_id, auth_header, custom_headers);
+        Ok(self.answered(id, initialize, posted.await?).await)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -138,8 +171,8 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let id = request_id(&message);
-        let posted = self.0.post_message_with_max_sse_event_size(
+        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let posted = self.client.post_message_with_max_sse_event_size(
             uri,
             message,
             session_id,
@@ -147,7 +180,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             max_sse_event_size,
         );
-        Ok(answer_first(posted.await?, id).await)
+        Ok(self.answered(id, initialize, posted.await?).await)
     }
 
     async fn post_message_with_response_limits(
@@ -159,8 +192,8 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let id = request_id(&message);
-        let posted = self.0.post_message_with_response_limits(
+        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let posted = self.client.post_message_with_response_limits(
             uri,
             message,
             session_id,
@@ -168,7 +201,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             limits,
         );
-        Ok(answer_first(posted.await?, id).await)
+        Ok(self.answered(id, initialize, posted.await?).await)
     }
 
     async fn delete_session(
@@ -178,7 +211,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), StreamableHttpError<Self::Error>> {
-        self.0
+        self.client
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
     }
@@ -191,7 +224,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
-        self.0
+        self.client
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
     }
@@ -205,7 +238,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<SseStream, StreamableHttpError<Self::Error>> {
-        self.0
+        self.client
             .get_stream_with_max_sse_event_size(
                 uri,
                 session_id,

@@ -76,6 +76,18 @@ impl ToolsCache {
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Empty;
     }
 
+    /// Whether a call of `name` needs no `Mcp-Param-*` headers: the tool is
+    /// in the cached list (however old) and its input schema annotates no
+    /// argument with `x-mcp-header` (see [`crate::direct_call`]).
+    pub fn plain_call(&self, name: &str) -> bool {
+        match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            State::Fresh(tools, _) => tools
+                .iter()
+                .any(|tool| tool.name == name && !names_key(&tool.input_schema, "x-mcp-header")),
+            _ => false,
+        }
+    }
+
     /// Number of cached tools, when a list is cached.
     pub fn cached_len(&self) -> Option<usize> {
         match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
@@ -83,6 +95,20 @@ impl ToolsCache {
             _ => None,
         }
     }
+}
+
+/// Whether `key` is a key anywhere in `object`.
+fn names_key(object: &serde_json::Map<String, serde_json::Value>, key: &str) -> bool {
+    fn within(value: &serde_json::Value, key: &str) -> bool {
+        match value {
+            serde_json::Value::Object(object) => names_key(object, key),
+            serde_json::Value::Array(items) => items.iter().any(|item| within(item, key)),
+            _ => false,
+        }
+    }
+    object
+        .iter()
+        .any(|(name, value)| name == key || within(value, key))
 }
 
 #[cfg(test)]
