@@ -37,10 +37,9 @@ use futures::future::BoxFuture;
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, ClientCapabilities, ClientJsonRpcMessage,
-    ClientRequest, Implementation, JsonRpcNotification, JsonRpcRequest, NumberOrString,
-    ProgressToken, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
-    ServerNotification, ServerRequest,
+    CallToolRequest, CallToolRequestParams, ClientJsonRpcMessage, ClientRequest,
+    JsonRpcNotification, JsonRpcRequest, NumberOrString, ProgressToken, ProtocolVersion, RequestId,
+    RequestMetaObject, ServerJsonRpcMessage, ServerNotification, ServerRequest,
 };
 use rmcp::model::{GetExtensions as _, GetMeta as _};
 use rmcp::service::{Peer, RequestContext, ServiceError};
@@ -234,9 +233,9 @@ pub struct DirectCalls {
     session: Arc<SeenSession>,
     /// Requests carry their own `_meta` (2026-07-28 and later).
     stateless: bool,
-    protocol_version: ProtocolVersion,
-    client_info: Implementation,
-    capabilities: ClientCapabilities,
+    /// What a 2026-07-28 request's `_meta` says of the client (its
+    /// protocol version, identity and capabilities), as rmcp stamps it.
+    stamp: RequestMetaObject,
     side: ClientSide,
     peer: Peer<RoleClient>,
     next: AtomicI64,
@@ -262,14 +261,16 @@ impl DirectCalls {
                 .insert(HeaderName::from_static("mcp-protocol-version"), value);
         }
         let info = rmcp::ClientHandler::get_info(&side);
+        let mut stamp = RequestMetaObject::new();
+        stamp.set_protocol_version(protocol_version.clone());
+        stamp.set_client_info(info.client_info);
+        stamp.set_client_capabilities(info.capabilities);
         DirectCalls {
             poster,
             target,
             session,
             stateless: protocol_version.as_str() >= ProtocolVersion::V_2026_07_28.as_str(),
-            protocol_version,
-            client_info: info.client_info,
-            capabilities: info.capabilities,
+            stamp,
             side,
             peer,
             next: AtomicI64::new(DIRECT_IDS),
@@ -318,9 +319,7 @@ impl DirectCalls {
             .map(|_| (params.clone(), caller_meta.clone()));
         let mut meta = params.meta.take().unwrap_or_default();
         if self.stateless {
-            meta.set_protocol_version(self.protocol_version.clone());
-            meta.set_client_info(self.client_info.clone());
-            meta.set_client_capabilities(self.capabilities.clone());
+            meta.extend(self.stamp.clone());
         }
         if let Some(caller) = caller_meta {
             meta.extend(caller);
