@@ -514,7 +514,9 @@ impl DirectCalls {
                 .remove(&HeaderName::from_static("mcp-method"));
             target.headers.remove(&HeaderName::from_static("mcp-name"));
             if let Err(PostError::Failed(err)) = poster.post(target, message, session).await {
-                tracing::debug!(error = %err, "the answer to a server's request was not delivered");
+                // Transport errors quote the URL, which may carry a secret.
+                let error = quiver_model::redact_urls(&err.to_string());
+                tracing::debug!(%error, "the answer to a server's request was not delivered");
             }
         })
     }
