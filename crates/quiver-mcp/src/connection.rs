@@ -26,7 +26,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 
 pub use crate::client_side::ClientSide;
 use crate::credentials::{BrokeredClient, CredentialSource, GrantBinding, GrantRef};
-use crate::direct_call::{DirectCalls, DirectParts, SeenSession};
+use crate::direct_call::{DirectCalls, DirectParts};
 use crate::error::McpError;
 use crate::launch::{HttpLaunch, Launch, StdioLaunch};
 use crate::lifecycle::Handshake;
@@ -493,7 +493,6 @@ impl Opening {
     }
 }
 
-/// Opens the MCP session on `transport` with `handshake`.
 /// A streamable-HTTP connection over `client`, with what its calls need to
 /// be posted by their callers ([`crate::direct_call`]).
 async fn serve_streamable<C: StreamableHttpClient + Sync>(
@@ -511,13 +510,14 @@ async fn serve_streamable<C: StreamableHttpClient + Sync>(
 > {
     let client = AnswerFirst {
         client,
-        session: Arc::<SeenSession>::default(),
+        session: Arc::default(),
     };
-    let direct = DirectParts::new(client.clone(), &config, client.session.clone());
+    let direct = DirectParts::new(&client, &config);
     let transport = StreamableHttpClientTransport::with_client(client, config);
     Ok((serve(side, transport, handshake).await?, None, Some(direct)))
 }
 
+/// Opens the MCP session on `transport` with `handshake`.
 async fn serve<T: Transport<RoleClient> + 'static>(
     side: ClientSide,
     transport: T,

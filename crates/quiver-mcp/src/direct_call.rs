@@ -22,15 +22,15 @@
 //!   call, so it goes to rmcp, which opens a new session and sends it there.
 //!
 //! Calls that rmcp sends as before: on stdio and legacy SSE; on a session
-//! whose id has not been seen yet (see [`SeenSession`]); of a 2026-07-28
+//! whose id has not been seen yet ([`SeenSession`]); of a 2026-07-28
 //! tool whose name would need encoding in `Mcp-Name` or whose input schema
 //! asks for `Mcp-Param-*` headers (`x-mcp-header`), which rmcp derives.
 //! Request ids and progress tokens here start at [`DIRECT_IDS`], far above
 //! rmcp's counter for the same connection, so the two never meet.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -53,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client_side::ClientSide;
 use crate::inflight::Answer;
+use crate::sse_answer::{AnswerFirst, SeenSession};
 
 /// The first request id (and progress token) of calls sent here.
 pub const DIRECT_IDS: i64 = 1 << 40;
@@ -66,30 +67,22 @@ const MAX_RETRY_WAIT: Duration = Duration::from_secs(1);
 
 type SseStream = BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
 
-/// The session id of a connection's server, as its `initialize` answer gave
-/// it (recorded by [`crate::sse_answer::AnswerFirst`], also when rmcp opens
-/// a new session after the old one expired).
-#[derive(Debug, Default)]
-pub struct SeenSession(Mutex<Option<Option<Arc<str>>>>);
-
-impl SeenSession {
-    /// What the server's `initialize` answered: its session id, or none.
-    pub fn record(&self, id: Option<&str>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.map(Arc::from));
-    }
-
-    /// `None` until an `initialize` was answered; then the session id, if
-    /// the server gave one.
-    fn current(&self) -> Option<Option<Arc<str>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
-
 /// Why a `POST` or a resumption failed.
 enum PostError {
     /// The server no longer knows the session (it never saw the request).
     SessionExpired,
     Failed(ServiceError),
+}
+
+impl PostError {
+    /// What the caller is told: a forgotten session met here (a stream's
+    /// resumption) ends the call as a closed connection does.
+    fn into_service_error(self) -> ServiceError {
+        match self {
+            PostError::SessionExpired => ServiceError::TransportClosed,
+            PostError::Failed(err) => err,
+        }
+    }
 }
 
 impl<E: std::error::Error + Send + Sync + 'static> From<StreamableHttpError<E>> for PostError {
@@ -188,26 +181,24 @@ pub struct DirectParts {
 }
 
 impl DirectParts {
-    /// The parts of a transport built with `client` and `config`, whose
-    /// session ids `session` records.
+    /// The parts of a transport built with `client` and `config`.
     pub fn new<C: StreamableHttpClient + Sync>(
-        client: C,
+        client: &AnswerFirst<C>,
         config: &rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
-        session: Arc<SeenSession>,
     ) -> Self {
         let mut limits = StreamableHttpResponseLimits::default();
         limits.max_sse_event_size = config.max_sse_event_size;
         limits.max_json_response_size = config.max_json_response_size;
         limits.max_error_response_size = config.max_error_response_size;
         DirectParts {
-            poster: Arc::new(client),
+            poster: Arc::new(client.clone()),
             target: Target {
                 uri: config.uri.clone(),
                 auth_header: config.auth_header.clone(),
                 headers: config.custom_headers.clone(),
                 limits,
             },
-            session,
+            session: client.session.clone(),
         }
     }
 }
@@ -339,17 +330,16 @@ impl DirectCalls {
                 .await;
             match posted {
                 Ok(StreamableHttpPostResponse::Json(message, _)) => {
-                    answer_of(message, &answer_id).unwrap_or(Err(ServiceError::UnexpectedResponse))
+                    answer_to(message, &answer_id).unwrap_or(Err(ServiceError::UnexpectedResponse))
                 }
                 Ok(StreamableHttpPostResponse::Sse(events, _)) => {
                     calls.read(events, &answer_id, target, session).await
                 }
                 Ok(_) => Err(ServiceError::UnexpectedResponse),
-                Err(PostError::SessionExpired) => match resend {
-                    Some((params, caller_meta)) => calls.through_rmcp(params, caller_meta).await,
-                    None => Err(ServiceError::TransportClosed),
-                },
-                Err(PostError::Failed(err)) => Err(err),
+                Err(PostError::SessionExpired) if let Some((params, caller_meta)) = resend => {
+                    calls.through_rmcp(params, caller_meta).await
+                }
+                Err(err) => Err(err.into_service_error()),
             }
         });
         Sent {
@@ -408,24 +398,17 @@ impl DirectCalls {
                 if let Some(wait) = retry {
                     tokio::time::sleep(wait).await;
                 }
-                events = match self
+                events = self
                     .poster
                     .resume(target.clone(), session.clone(), from)
                     .await
-                {
-                    Ok(events) => events,
-                    Err(PostError::SessionExpired) => return Err(ServiceError::TransportClosed),
-                    Err(PostError::Failed(err)) => return Err(err),
-                };
+                    .map_err(PostError::into_service_error)?;
                 continue;
             };
-            let event = event
-                .map_err(|err| PostError::from(StreamableHttpError::<std::io::Error>::Sse(err)));
-            let event = match event {
-                Ok(event) => event,
-                Err(PostError::Failed(err)) => return Err(err),
-                Err(PostError::SessionExpired) => return Err(ServiceError::TransportClosed),
-            };
+            let event = event.map_err(|err| {
+                PostError::from(StreamableHttpError::<std::io::Error>::Sse(err))
+                    .into_service_error()
+            })?;
             if let Some(event_id) = event.id {
                 last_event_id = Some(event_id);
             }
@@ -527,11 +510,6 @@ impl DirectCalls {
 struct ServerRequests {
     answering: FuturesUnordered<BoxFuture<'static, ()>>,
     cancel: HashMap<RequestId, CancellationToken>,
-}
-
-/// `message` as the answer to request `id`, if it is one.
-fn answer_of(message: ServerJsonRpcMessage, id: &RequestId) -> Option<Answer> {
-    answer_to(message, id).ok()
 }
 
 /// `message` as the answer to request `id`, or `message` back.

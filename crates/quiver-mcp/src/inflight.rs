@@ -59,7 +59,7 @@ impl Pending {
 pub struct InFlightCall<S: Send + 'static> {
     connection: Arc<Connection>,
     id: RequestId,
-    /// The progress token rmcp sent the call with.
+    /// The progress token the call was sent with.
     pub progress_token: ProgressToken,
     answer: Option<Pending>,
     slot: Option<S>,

@@ -16,15 +16,13 @@
 //! so it sees the same sequence it would have.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
-
-use crate::direct_call::SeenSession;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
@@ -38,6 +36,25 @@ const DRAIN: Duration = Duration::from_millis(50);
 const MAX_EMPTY: usize = 4;
 
 type SseStream = BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>>;
+
+/// The session id of a connection's server, as its `initialize` answer gave
+/// it (recorded by [`AnswerFirst`], also when rmcp opens a new session
+/// after the old one expired), for [`crate::direct_call`].
+#[derive(Debug, Default)]
+pub struct SeenSession(Mutex<Option<Option<Arc<str>>>>);
+
+impl SeenSession {
+    /// What the server's `initialize` answered: its session id, or none.
+    pub fn record(&self, id: Option<&str>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.map(Arc::from));
+    }
+
+    /// `None` until an `initialize` was answered; then the session id, if
+    /// the server gave one.
+    pub fn current(&self) -> Option<Option<Arc<str>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
 
 /// A [`StreamableHttpClient`] whose `POST`s answered by a stream that starts
 /// with the answer come back as JSON answers (see the module docs); the

@@ -2,6 +2,7 @@
 //! failures for a short negative TTL (so a broken server is not hammered by
 //! every request), and concurrent misses share one fetch.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,26 @@ use crate::error::McpError;
 enum State {
     #[default]
     Empty,
-    Fresh(Arc<Vec<Tool>>, Instant),
+    Fresh(Listed, Instant),
     Failed(McpError, Instant),
+}
+
+/// A cached list, and the names of its tools a call of which needs no
+/// `Mcp-Param-*` headers (found once per list, not per call).
+struct Listed {
+    tools: Arc<Vec<Tool>>,
+    plain: HashSet<String>,
+}
+
+impl Listed {
+    fn new(tools: Arc<Vec<Tool>>) -> Self {
+        let plain = tools
+            .iter()
+            .filter(|tool| !names_key(&tool.input_schema, "x-mcp-header"))
+            .map(|tool| tool.name.to_string())
+            .collect();
+        Listed { tools, plain }
+    }
 }
 
 /// Cache of one server's tool list.
@@ -38,7 +57,7 @@ impl ToolsCache {
         negative_ttl: Duration,
     ) -> Option<Result<Arc<Vec<Tool>>, McpError>> {
         match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
-            State::Fresh(tools, at) if at.elapsed() < ttl => Some(Ok(tools.clone())),
+            State::Fresh(listed, at) if at.elapsed() < ttl => Some(Ok(listed.tools.clone())),
             State::Failed(err, at) if at.elapsed() < negative_ttl => Some(Err(err.clone())),
             _ => None,
         }
@@ -63,7 +82,7 @@ impl ToolsCache {
         let result = fetch.await;
         if self.generation.load(Ordering::Acquire) == generation {
             *self.state.lock().unwrap_or_else(|p| p.into_inner()) = match &result {
-                Ok(tools) => State::Fresh(tools.clone(), Instant::now()),
+                Ok(tools) => State::Fresh(Listed::new(tools.clone()), Instant::now()),
                 Err(err) => State::Failed(err.clone(), Instant::now()),
             };
         }
@@ -81,9 +100,7 @@ impl ToolsCache {
     /// argument with `x-mcp-header` (see [`crate::direct_call`]).
     pub fn plain_call(&self, name: &str) -> bool {
         match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
-            State::Fresh(tools, _) => tools
-                .iter()
-                .any(|tool| tool.name == name && !names_key(&tool.input_schema, "x-mcp-header")),
+            State::Fresh(listed, _) => listed.plain.contains(name),
             _ => false,
         }
     }
@@ -91,7 +108,7 @@ impl ToolsCache {
     /// Number of cached tools, when a list is cached.
     pub fn cached_len(&self) -> Option<usize> {
         match &*self.state.lock().unwrap_or_else(|p| p.into_inner()) {
-            State::Fresh(tools, _) => Some(tools.len()),
+            State::Fresh(listed, _) => Some(listed.tools.len()),
             _ => None,
         }
     }
