@@ -19,7 +19,8 @@
 //! - a stream that ends before the answer is resumed with `Last-Event-ID`
 //!   (SEP-1699), at most [`MAX_RESUMES`] times;
 //! - a session the server no longer knows (404): the server never saw the
-//!   call, so it goes to rmcp, which opens a new session and sends it there.
+//!   call, so it goes to rmcp, which opens a new session and sends it there
+//!   (the call's progress relayed under the token rmcp sends it with).
 //!
 //! Calls that rmcp sends as before: on stdio and legacy SSE; on a session
 //! whose id has not been seen yet ([`SeenSession`]); of a 2026-07-28
@@ -323,6 +324,7 @@ impl DirectCalls {
         );
         let calls = self.clone();
         let answer_id = id.clone();
+        let token = progress_token.clone();
         let answer = Box::pin(async move {
             let posted = calls
                 .poster
@@ -337,7 +339,7 @@ impl DirectCalls {
                 }
                 Ok(_) => Err(ServiceError::UnexpectedResponse),
                 Err(PostError::SessionExpired) if let Some((params, caller_meta)) = resend => {
-                    calls.through_rmcp(params, caller_meta).await
+                    calls.through_rmcp(params, caller_meta, &token).await
                 }
                 Err(err) => Err(err.into_service_error()),
             }
@@ -349,16 +351,19 @@ impl DirectCalls {
         }
     }
 
-    /// The call sent by rmcp instead.
+    /// The call sent by rmcp instead; its progress, reported under the
+    /// token rmcp gives it, still reaches the caller bound to `token`.
     async fn through_rmcp(
         &self,
         params: CallToolRequestParams,
         caller_meta: Option<RequestMetaObject>,
+        token: &ProgressToken,
     ) -> Answer {
         let options = match caller_meta {
             Some(meta) => rmcp::service::PeerRequestOptions::no_options().with_meta(meta),
             None => rmcp::service::PeerRequestOptions::no_options(),
         };
+        let unbound = self.side.relay.unbind_progress(token);
         let handle = self
             .peer
             .send_cancellable_request(
@@ -366,6 +371,9 @@ impl DirectCalls {
                 options,
             )
             .await?;
+        if let Some(call) = unbound {
+            self.side.relay.bind(call, handle.progress_token.clone());
+        }
         handle
             .rx
             .await

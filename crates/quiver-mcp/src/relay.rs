@@ -151,23 +151,14 @@ pub struct RelayGuard {
 impl RelayGuard {
     /// Binds the progress token the call was sent upstream with.
     pub fn bind_progress(&self, upstream: ProgressToken) {
-        if let Some(call) = self.relay.lock().iter_mut().find(|call| call.id == self.id) {
-            call.upstream_token = Some(upstream.clone());
-        }
-        // What the server reported before the token was known, in order.
-        let early: Vec<ProgressNotificationParam> = {
-            let mut early = self.relay.early();
-            let (mine, others) = early
-                .drain(..)
-                .partition::<Vec<_>, _>(|(_, params)| params.progress_token == upstream);
-            early.extend(others);
-            mine.into_iter().map(|(_, params)| params).collect()
-        };
-        for params in early {
-            self.relay.progress(params);
-        }
+        self.relay.bind(Unbound(self.id), upstream);
     }
 }
+
+/// A call whose progress token was taken back to be bound anew
+/// (`Relay::unbind_progress`).
+#[must_use = "bind the call's new token with Relay::bind"]
+pub(crate) struct Unbound(u64);
 
 impl Drop for RelayGuard {
     fn drop(&mut self) {
@@ -212,6 +203,37 @@ impl Relay {
             relay: self.clone(),
             id,
         }
+    }
+
+    /// Binds `upstream` to `call`, and relays what the server reported with
+    /// it before, in order.
+    pub(crate) fn bind(&self, call: Unbound, upstream: ProgressToken) {
+        if let Some(call) = self.lock().iter_mut().find(|c| c.id == call.0) {
+            call.upstream_token = Some(upstream.clone());
+        }
+        let early: Vec<ProgressNotificationParam> = {
+            let mut early = self.early();
+            let (mine, others) = early
+                .drain(..)
+                .partition::<Vec<_>, _>(|(_, params)| params.progress_token == upstream);
+            early.extend(others);
+            mine.into_iter().map(|(_, params)| params).collect()
+        };
+        for params in early {
+            self.progress(params);
+        }
+    }
+
+    /// Takes `token` back from the call it is bound to, which is about to be
+    /// sent again under a token not known until it is sent (rmcp picks it):
+    /// progress meanwhile is kept as before a first binding.
+    pub(crate) fn unbind_progress(&self, token: &ProgressToken) -> Option<Unbound> {
+        let mut calls = self.lock();
+        let call = calls
+            .iter_mut()
+            .find(|call| call.upstream_token.as_ref() == Some(token))?;
+        call.upstream_token = None;
+        Some(Unbound(call.id))
     }
 
     /// The one call in flight (its caller and deadline), when there is

@@ -209,6 +209,24 @@ async fn simple(pool: &McpPool, server: &Arc<StoredServer>) {
     );
 }
 
+/// The scenario server's progress tool called for `caller`: its answer,
+/// and its three progress messages relayed to `caller`.
+async fn progress_reaches(pool: &McpPool, server: &Arc<StoredServer>, caller: &Arc<Caller>) {
+    let outcome = call(
+        pool,
+        server,
+        "test_tool_with_progress",
+        json!({}),
+        attached(caller),
+    )
+    .await;
+    assert_eq!(text(&outcome), "Progress test completed");
+    assert_eq!(
+        *caller.progress.lock().unwrap(),
+        ["Starting", "Halfway", "Complete"]
+    );
+}
+
 async fn call(
     pool: &McpPool,
     server: &Arc<StoredServer>,
@@ -273,19 +291,7 @@ async fn what_the_server_sends_before_the_answer_reaches_the_caller() {
         r#"Elicitation answered: action=accept, content={"email":"ada@example.org","username":"ada"}"#
     );
     // Progress on the call's stream, under the caller's own token.
-    let outcome = call(
-        &pool,
-        &server,
-        "test_tool_with_progress",
-        json!({}),
-        attached(&caller),
-    )
-    .await;
-    assert_eq!(text(&outcome), "Progress test completed");
-    assert_eq!(
-        *caller.progress.lock().unwrap(),
-        ["Starting", "Halfway", "Complete"]
-    );
+    progress_reaches(&pool, &server, &caller).await;
     let calls = seen.calls();
     assert!(
         calls.iter().all(|id| id.is_some_and(|id| id >= DIRECT_IDS)),
@@ -308,7 +314,9 @@ async fn a_forgotten_session_sends_the_call_through_a_new_one() {
     let server = server(&url, Protocol::V2025_11_25);
     pool.list_tools(&server).await.expect("tools");
     seen.forget_session.store(true, Ordering::SeqCst);
-    simple(&pool, &server).await;
+    // rmcp sends the call again under a progress token of its own: its
+    // progress still reaches the caller.
+    progress_reaches(&pool, &server, &Arc::new(Caller::default())).await;
     let methods = seen.methods();
     let calls = seen.calls();
     // Posted directly and refused; then rmcp's: refused too, a new
