@@ -414,9 +414,14 @@ impl ToolRunner {
             Some(cleared) => cleared,
             None => {
                 let bound = Value::Object(arguments.clone());
-                self.pending(task, context.caller.as_ref(), &tool, &bound)
-                    .settle(call.approval)
-                    .await?
+                // Boxed, as the other paths off the common one are: what
+                // an approval may wait on would otherwise add its size to
+                // every call's future.
+                Box::pin(
+                    self.pending(task, context.caller.as_ref(), &tool, &bound)
+                        .settle(call.approval),
+                )
+                .await?
             }
         };
         self.execute(task, context, tool, arguments, cleared, started)
@@ -575,7 +580,7 @@ impl ToolRunner {
                 break result;
             }
             asked_rounds += 1;
-            match answer_by_asking(peer.as_ref(), asked).await {
+            match Box::pin(answer_by_asking(peer.as_ref(), asked)).await {
                 Some(input) => options.input = Some(input),
                 None => break result,
             }

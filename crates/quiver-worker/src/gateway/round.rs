@@ -14,6 +14,7 @@
 //! ([`Round::upstream_input`]).
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
@@ -275,17 +276,21 @@ pub enum Settled<T> {
 }
 
 /// Runs `answer` within `round` (if any): the round may end first, asking
-/// the client.
-pub async fn in_round<T>(
+/// the client. `answer` is pinned where the caller keeps it: a future
+/// taken by value is stored again in this one's state, and a tool call's
+/// is tens of kilobytes, copied at every level that takes it so.
+pub async fn in_round<T, F>(
     round: Option<&Round>,
-    answer: impl Future<Output = Result<T, ErrorData>>,
-) -> Result<Settled<T>, ErrorData> {
+    mut answer: Pin<&mut F>,
+) -> Result<Settled<T>, ErrorData>
+where
+    F: Future<Output = Result<T, ErrorData>>,
+{
     let Some(round) = round else {
         return answer.await.map(Settled::Done);
     };
-    tokio::pin!(answer);
     tokio::select! {
-        answer = &mut answer => match answer {
+        answer = answer.as_mut() => match answer {
             Ok(answer) => Ok(Settled::Done(answer)),
             Err(error) => Err(round.inputs.missing_capability().unwrap_or(error)),
         },
@@ -295,7 +300,7 @@ pub async fn in_round<T>(
             // (a server that honours a cancellation never answers, and an
             // unanswered call holds its slot until `cancel_grace` recycles
             // the connection).
-            let _ = tokio::time::timeout(ROUND_SETTLE, &mut answer).await;
+            let _ = tokio::time::timeout(ROUND_SETTLE, answer).await;
             asked.map(Settled::InputRequired)
         }
     }

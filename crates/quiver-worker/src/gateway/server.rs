@@ -616,13 +616,15 @@ impl ServerHandler for GatewayServer {
         let prompt = self.forward_attached(&request, &server, attachment, |peer| async move {
             peer.get_prompt_once(params).await.map(ServerResult::from)
         });
-        Ok(match in_round(round.as_ref(), prompt).await? {
-            Settled::Done(ServerResult::GetPromptResult(prompt)) => prompt.completed().into(),
-            Settled::Done(other) => {
-                GetPromptResponse::InputRequired(passed_on(round.as_ref(), other)?)
-            }
-            Settled::InputRequired(asked) => GetPromptResponse::InputRequired(asked),
-        })
+        Ok(
+            match in_round(round.as_ref(), std::pin::pin!(prompt)).await? {
+                Settled::Done(ServerResult::GetPromptResult(prompt)) => prompt.completed().into(),
+                Settled::Done(other) => {
+                    GetPromptResponse::InputRequired(passed_on(round.as_ref(), other)?)
+                }
+                Settled::InputRequired(asked) => GetPromptResponse::InputRequired(asked),
+            },
+        )
     }
 
     async fn list_resources(

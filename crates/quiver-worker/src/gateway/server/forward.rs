@@ -155,7 +155,7 @@ impl GatewayServer {
                 .await
                 .map(ServerResult::from)
         });
-        let mut read = match in_round(round.as_ref(), read).await? {
+        let mut read = match in_round(round.as_ref(), std::pin::pin!(read)).await? {
             Settled::Done(ServerResult::ReadResourceResult(read)) => read,
             Settled::Done(other) => {
                 return Ok(ReadResourceResponse::InputRequired(passed_on(

@@ -217,12 +217,15 @@ impl GatewayServer {
         {
             let principal = request.caller.grant_principal();
             for server in Self::candidates(&snapshot, &request.scope, &params.name) {
-                consent::connect_first(
+                // Boxed: rarely more than a look at the client's
+                // capabilities, it would otherwise add its whole size to
+                // every call's future.
+                Box::pin(consent::connect_first(
                     peer,
                     self.shared.runner.pool(),
                     &server,
                     principal.as_deref(),
-                )
+                ))
                 .await;
             }
         }
@@ -231,20 +234,28 @@ impl GatewayServer {
             named: named_approval,
             round: round.as_ref(),
         };
-        let run = self.shared.runner.call(
-            &request.task,
-            &call,
-            Call {
-                name: &params.name,
-                arguments,
-                lookup,
-                approval: ApprovalFlow::Ask(&asker),
-            },
-        );
+        // Built in place: the call's future is the largest part of this
+        // one, and moving it into `in_round` would store it twice.
+        let run = std::pin::pin!(async {
+            Ok(self
+                .shared
+                .runner
+                .call(
+                    &request.task,
+                    &call,
+                    Call {
+                        name: &params.name,
+                        arguments,
+                        lookup,
+                        approval: ApprovalFlow::Ask(&asker),
+                    },
+                )
+                .await)
+        });
         // A client's `notifications/cancelled` fires `ct`: dropping the call
         // cancels it on the server and frees its slot once the server is done.
         let done = tokio::select! {
-            done = in_round(round.as_ref(), async { Ok(run.await) }) => done?,
+            done = in_round(round.as_ref(), run) => done?,
             () = invocation.cancelled() => {
                 return Err(ErrorData::internal_error("request cancelled by the client", None));
             }
