@@ -33,7 +33,8 @@
 //! `QUIVER_BENCH_CONCURRENCY` [64] clients per route (each its own session
 //! where the route has sessions: what many agents sharing a gateway look
 //! like), `QUIVER_BENCH_CONCURRENT_CALLS` [12800] calls per round over all
-//! of them; calls/s.
+//! of them; calls/s. `QUIVER_BENCH_ROUTES` (comma-separated parts of
+//! route names) runs only the routes it names, to profile one.
 //!
 //! Run: `cargo bench -p quiver-worker --bench mcp_gateway`.
 
@@ -218,7 +219,7 @@ async fn run() -> BenchResult<()> {
         rps: Vec::new(),
     };
     use {Era::*, Kind::*, Target::*};
-    let mut routes = [
+    let routes = [
         route("rmcp client → server", Rmcp(Session), Direct, server.url()),
         route(
             "2025-11-25 rmcp client (session) → worker /mcp/{id} → server",
@@ -252,6 +253,19 @@ async fn run() -> BenchResult<()> {
             &api_url,
         ),
     ];
+    let named = std::env::var("QUIVER_BENCH_ROUTES").unwrap_or_default();
+    let mut routes: Vec<Route> = routes
+        .into_iter()
+        .filter(|route| {
+            named.is_empty()
+                || named
+                    .split(',')
+                    .any(|part| route.name.contains(part.trim()))
+        })
+        .collect();
+    if routes.is_empty() {
+        return Err(format!("QUIVER_BENCH_ROUTES={named:?} names no route").into());
+    }
 
     let mut sequential_clients = Vec::new();
     for route in &routes {
@@ -326,27 +340,26 @@ async fn run() -> BenchResult<()> {
             measured[index].1 / measured[baseline].1,
         )
     };
-    let api = routes
-        .iter()
-        .position(|route| route.kind == ToolApi)
-        .unwrap_or_default();
-    let (api_added, api_throughput) = added(api);
-    println!(
-        "tool API: added p50 {api_added:.3} ms over the raw client's direct call; throughput / direct {api_throughput:.2}×"
-    );
-    let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
-    for (index, route) in routes.iter().enumerate() {
-        if route.target == Direct || route.kind == ToolApi {
-            continue;
-        }
-        let (added, throughput) = added(index);
-        let added_ratio = added / api_added;
+    // The ratios need the tool API's route (absent when profiling others).
+    if let Some(api) = routes.iter().position(|route| route.kind == ToolApi) {
+        let (api_added, api_throughput) = added(api);
         println!(
-            "{}: added p50 {added:.3} ms over the same client's direct call = {added_ratio:.2}× the tool API's (goal ≤ 1.20×: {}); throughput / direct {throughput:.2}× (goal ≥ 0.60×: {})",
-            route.name,
-            verdict(added_ratio <= 1.2),
-            verdict(throughput >= 0.6)
+            "tool API: added p50 {api_added:.3} ms over the raw client's direct call; throughput / direct {api_throughput:.2}×"
         );
+        let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+        for (index, route) in routes.iter().enumerate() {
+            if route.target == Direct || route.kind == ToolApi {
+                continue;
+            }
+            let (added, throughput) = added(index);
+            let added_ratio = added / api_added;
+            println!(
+                "{}: added p50 {added:.3} ms over the same client's direct call = {added_ratio:.2}× the tool API's (goal ≤ 1.20×: {}); throughput / direct {throughput:.2}× (goal ≥ 0.60×: {})",
+                route.name,
+                verdict(added_ratio <= 1.2),
+                verdict(throughput >= 0.6)
+            );
+        }
     }
     stack.stop().await;
     server.shutdown().await?;
