@@ -155,8 +155,8 @@ impl RelayGuard {
     }
 }
 
-/// A call whose progress token was taken back to be bound anew
-/// (`Relay::unbind_progress`).
+/// A registered call whose progress token is yet to be bound: by its
+/// guard when it is first sent, or anew after `Relay::unbind_progress`.
 #[must_use = "bind the call's new token with Relay::bind"]
 pub(crate) struct Unbound(u64);
 
