@@ -21,7 +21,10 @@
 //! - **raw clients** (`benches/support/raw_mcp.rs`: reqwest posting
 //!   JSON-RPC itself): the same three routes, and the reference, the
 //!   worker's own JSON tool API (`POST /v1/mcp/tools/call`): the same
-//!   worker hop without MCP at the edge.
+//!   worker hop without MCP at the edge; and the floor, a raw session
+//!   through the bare hop (`benches/support/bare_proxy.rs`: one more HTTP
+//!   server and client passing bytes on, nothing else), the least any
+//!   route through a worker can cost on this machine.
 //!
 //! Goals of issue #23: the p50 the gateway adds over direct ≤ 1.2× what the
 //! tool API adds (the cost of the extra hop itself), and throughput at
@@ -48,10 +51,13 @@ use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::RunningService;
 use serde_json::Value;
 
+#[path = "support/bare_proxy.rs"]
+mod bare_proxy;
 #[path = "support/clients.rs"]
 mod clients;
 #[path = "support/stack.rs"]
 mod stack;
+use bare_proxy::BareProxy;
 use clients::{Era, RawMcp, rmcp_client, tool_api_call};
 use stack::{BenchResult, CALLER_TOKEN, Stack};
 
@@ -73,6 +79,8 @@ enum Kind {
 enum Target {
     /// The server itself.
     Direct,
+    /// The bare hop (`benches/support/bare_proxy.rs`) in front of it.
+    BareHop,
     /// The worker.
     Worker,
 }
@@ -208,6 +216,7 @@ async fn run() -> BenchResult<()> {
     spec.allowed_tools = vec!["*".into()];
     spec.budgets.max_concurrency = u32::try_from(concurrency)?;
     let stack = Stack::start(vec![spec], None).await?;
+    let proxy = BareProxy::spawn(server.url()).await?;
     let gateway_url = format!("{}/mcp/{SERVER_ID}", stack.worker_url);
     let api_url = format!("{}/v1/mcp/tools/call", stack.worker_url);
     let route = |name, kind, target, url: &str| Route {
@@ -234,6 +243,12 @@ async fn run() -> BenchResult<()> {
             &gateway_url,
         ),
         route("raw client → server", Raw(Session), Direct, server.url()),
+        route(
+            "floor: raw client → bare proxy → server",
+            Raw(Session),
+            BareHop,
+            &proxy.url,
+        ),
         route(
             "2025-11-25 raw client (session) → worker /mcp/{id} → server",
             Raw(Session),
@@ -343,21 +358,39 @@ async fn run() -> BenchResult<()> {
     // The ratios need the tool API's route (absent when profiling others).
     if let Some(api) = routes.iter().position(|route| route.kind == ToolApi) {
         let (api_added, api_throughput) = added(api);
-        println!(
-            "tool API: added p50 {api_added:.3} ms over the raw client's direct call; throughput / direct {api_throughput:.2}×"
-        );
         let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+        // The bare hop: the least any route through a worker costs here.
+        let floor = routes
+            .iter()
+            .position(|route| route.target == BareHop)
+            .map(added);
+        let of_floor = |throughput: f64| {
+            floor.map_or(String::new(), |(_, floor_throughput)| {
+                format!(", {:.2}× the bare hop's", throughput / floor_throughput)
+            })
+        };
+        if let Some((floor_added, floor_throughput)) = floor {
+            println!(
+                "bare hop: added p50 {floor_added:.3} ms over the raw client's direct call = {:.2}× the tool API's; throughput / direct {floor_throughput:.2}× (the most a route through one more HTTP server and client keeps on this machine)",
+                floor_added / api_added
+            );
+        }
+        println!(
+            "tool API: added p50 {api_added:.3} ms over the raw client's direct call; throughput / direct {api_throughput:.2}×{}",
+            of_floor(api_throughput)
+        );
         for (index, route) in routes.iter().enumerate() {
-            if route.target == Direct || route.kind == ToolApi {
+            if route.target != Worker || route.kind == ToolApi {
                 continue;
             }
             let (added, throughput) = added(index);
             let added_ratio = added / api_added;
             println!(
-                "{}: added p50 {added:.3} ms over the same client's direct call = {added_ratio:.2}× the tool API's (goal ≤ 1.20×: {}); throughput / direct {throughput:.2}× (goal ≥ 0.60×: {})",
+                "{}: added p50 {added:.3} ms over the same client's direct call = {added_ratio:.2}× the tool API's (goal ≤ 1.20×: {}); throughput / direct {throughput:.2}× (goal ≥ 0.60×: {}{})",
                 route.name,
                 verdict(added_ratio <= 1.2),
-                verdict(throughput >= 0.6)
+                verdict(throughput >= 0.6),
+                of_floor(throughput)
             );
         }
     }

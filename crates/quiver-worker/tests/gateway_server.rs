@@ -5,8 +5,8 @@
 //! in-process registry by a real sync service. What the HTTP edge attaches
 //! to every request (`GatewayRequest`: the caller, its task, the endpoint)
 //! is attached here by the transport instead. `initialize`, `tools/list`
-//! filtered by the caller's policy, `tools/call`, and the `-32602` of a tool
-//! the caller does not have.
+//! filtered by the caller's policy, `tools/call`, the `-32602` of a tool
+//! the caller does not have, and the size of a call's future.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,13 +18,15 @@ use quiver_sync::{SyncOptions, SyncService};
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use quiver_testkit::registry::{ADMIN_TOKEN, InProcessRegistry, WORKER_TOKEN};
 use quiver_worker::DEFAULT_CATALOG_WAIT;
+use quiver_worker::approval::ApprovalFlow;
 use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerId, Task};
-use quiver_worker::call::ToolRunner;
+use quiver_worker::call::{Call, CallContext, Lookup, ToolRunner};
+use quiver_worker::gateway::peer::relay_channel;
 use quiver_worker::gateway::request_state::RequestStates;
 use quiver_worker::gateway::scope::Scope;
-use quiver_worker::gateway::server::{GatewayRequest, GatewayServer, Shared};
-use rmcp::model::{CallToolRequestParams, ErrorCode};
+use quiver_worker::gateway::server::{GatewayRequest, GatewayServer, Invocation, Shared};
+use rmcp::model::{CallToolRequestParams, ErrorCode, RequestId, RequestMetaObject};
 use rmcp::service::{
     ClientInitializeError, RoleServer, RunningService, RxJsonRpcMessage, TxJsonRpcMessage,
 };
@@ -339,5 +341,53 @@ async fn a_server_endpoint_is_the_server_under_its_own_names() {
     assert!(
         error.to_string().contains("not a server available"),
         "{error}"
+    );
+}
+
+/// A gateway `tools/call` holds the runner's call once: its future is what
+/// every call allocates (the lean edge boxes it), and storing the runner's
+/// future again at each level that took it by value (and the cold paths of
+/// consent and approvals inline) once made it seven times the runner's
+/// (BENCHMARKS.md, "The size of a gateway call's future").
+#[tokio::test]
+async fn a_gateway_call_s_future_holds_the_runner_s_call_once() {
+    let gateway = Gateway::start().await;
+    let task = task(TaskPolicy::default());
+    let request = GatewayRequest {
+        task: task.clone(),
+        caller: CallerId::of_principal("key:alice".into()),
+        scope: Scope::Server("kit".into()),
+        request_id: "gateway-server-test".into(),
+        session: None,
+    };
+    let (relay, _relayed) = relay_channel();
+    let meta = RequestMetaObject::default();
+    let invocation = Invocation::plain(RequestId::Number(1), &meta, &relay);
+    let server = GatewayServer::new(gateway.shared.clone());
+    let snapshot = gateway.shared.snapshot.current();
+    let context = CallContext::new("size".into(), request.caller.clone(), &task, None);
+    // Futures do nothing until polled: neither call starts.
+    let gateway_call = std::mem::size_of_val(&server.call(
+        &request,
+        CallToolRequestParams::new("echo"),
+        &invocation,
+    ));
+    let runner_call = std::mem::size_of_val(&gateway.shared.runner.call(
+        &task,
+        &context,
+        Call {
+            name: "echo",
+            arguments: None,
+            lookup: Lookup::OwnName {
+                snapshot: &snapshot,
+                server_id: "kit",
+            },
+            approval: ApprovalFlow::Refuse,
+        },
+    ));
+    eprintln!("future sizes: gateway call {gateway_call} B, runner call {runner_call} B");
+    assert!(
+        gateway_call < 2 * runner_call,
+        "the gateway's call ({gateway_call} B) holds the runner's ({runner_call} B) more than once"
     );
 }
