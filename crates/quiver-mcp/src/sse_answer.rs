@@ -13,7 +13,10 @@
 //! read to its end in the background, so the HTTP connection goes back to
 //! the pool. Anything else (a progress notification, a server request, an
 //! error) hands rmcp the stream as it was, the events already read first,
-//! so it sees the same sequence it would have.
+//! so it sees the same sequence it would have. A `tools/call` answer is
+//! read as one ([`Expected::read`]): rmcp's reading of a result as every
+//! result type in turn took ~17 us of a call (BENCHMARKS.md, "Where a tool
+//! API call's time goes").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,11 +25,15 @@ use std::time::Duration;
 use futures::FutureExt as _;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use http::{HeaderName, HeaderValue};
-use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    CallToolResult, ClientJsonRpcMessage, ClientRequest, JsonRpcVersion2_0, RequestId,
+    ServerJsonRpcMessage, ServerResult,
+};
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
     StreamableHttpResponseLimits,
 };
+use serde::Deserialize;
 
 /// How long the rest of an answered stream is read before the connection is
 /// given up (rmcp waits as long for the same).
@@ -70,7 +77,7 @@ impl<C> AnswerFirst<C> {
     /// `initialize` answer's session id recorded.
     async fn answered(
         &self,
-        message_id: Option<RequestId>,
+        expected: Option<Expected>,
         initialize: bool,
         response: StreamableHttpPostResponse,
     ) -> StreamableHttpPostResponse {
@@ -80,7 +87,7 @@ impl<C> AnswerFirst<C> {
         {
             self.session.record(session.as_deref());
         }
-        answer_first(response, message_id).await
+        answer_first(response, expected).await
     }
 }
 
@@ -92,13 +99,60 @@ fn is_initialize(message: &ClientJsonRpcMessage) -> bool {
     )
 }
 
-/// The answer `id` is waiting for, if it is the first message of `response`'s
-/// stream; otherwise `response` as it was.
+/// The answer a request waits for: its id, and whether it is a
+/// `tools/call`'s.
+struct Expected {
+    id: RequestId,
+    tool_call: bool,
+}
+
+impl Expected {
+    /// What `message` waits for; `None` for a message that is no request.
+    fn of(message: &ClientJsonRpcMessage) -> Option<Expected> {
+        let ClientJsonRpcMessage::Request(request) = message else {
+            return None;
+        };
+        Some(Expected {
+            id: request.id.clone(),
+            tool_call: matches!(request.request, ClientRequest::CallToolRequest(_)),
+        })
+    }
+
+    /// `data` read as a message. A `tools/call` answer whose result is a
+    /// complete `CallToolResult` (every call's but an `input_required` or
+    /// a task's) is read as one: rmcp's `ServerResult` is an untagged union
+    /// of every result type, which tries (and builds an error for) the
+    /// fifteen listed before `CallToolResult` first. Anything else is read
+    /// as rmcp reads it.
+    fn read(&self, data: &str) -> Option<ServerJsonRpcMessage> {
+        if self.tool_call
+            && let Ok(answer) = serde_json::from_str::<ToolCallAnswer>(data)
+        {
+            return Some(ServerJsonRpcMessage::response(
+                ServerResult::CallToolResult(answer.result),
+                answer.id,
+            ));
+        }
+        serde_json::from_str(data).ok()
+    }
+}
+
+/// A JSON-RPC answer carrying a complete tool call result.
+#[derive(Deserialize)]
+struct ToolCallAnswer {
+    #[serde(rename = "jsonrpc")]
+    _jsonrpc: JsonRpcVersion2_0,
+    id: RequestId,
+    result: CallToolResult,
+}
+
+/// The answer `expected` is waiting for, if it is the first message of
+/// `response`'s stream; otherwise `response` as it was.
 async fn answer_first(
     response: StreamableHttpPostResponse,
-    id: Option<RequestId>,
+    expected: Option<Expected>,
 ) -> StreamableHttpPostResponse {
-    let Some(id) = id else {
+    let Some(expected) = expected else {
         return response;
     };
     let StreamableHttpPostResponse::Sse(mut events, session) = response else {
@@ -116,9 +170,9 @@ async fn answer_first(
             read.push(event);
             continue;
         }
-        if let Ok(message @ (ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_))) =
-            serde_json::from_str::<ServerJsonRpcMessage>(data)
-            && answers(&message, &id)
+        if let Some(message @ (ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_))) =
+            expected.read(data)
+            && answers(&message, &expected.id)
         {
             drain(events);
             return StreamableHttpPostResponse::Json(message, session);
@@ -154,13 +208,6 @@ fn drain(mut events: SseStream) {
     });
 }
 
-fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
-    match message {
-        ClientJsonRpcMessage::Request(request) => Some(request.id.clone()),
-        _ => None,
-    }
-}
-
 impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
     type Error = C::Error;
 
@@ -172,11 +219,11 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
         let posted =
             self.client
                 .post_message(uri, message, session_id, auth_header, custom_headers);
-        Ok(self.answered(id, initialize, posted.await?).await)
+        Ok(self.answered(expected, initialize, posted.await?).await)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -188,7 +235,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
         let posted = self.client.post_message_with_max_sse_event_size(
             uri,
             message,
@@ -197,7 +244,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             max_sse_event_size,
         );
-        Ok(self.answered(id, initialize, posted.await?).await)
+        Ok(self.answered(expected, initialize, posted.await?).await)
     }
 
     async fn post_message_with_response_limits(
@@ -209,7 +256,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (id, initialize) = (request_id(&message), is_initialize(&message));
+        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
         let posted = self.client.post_message_with_response_limits(
             uri,
             message,
@@ -218,7 +265,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             limits,
         );
-        Ok(self.answered(id, initialize, posted.await?).await)
+        Ok(self.answered(expected, initialize, posted.await?).await)
     }
 
     async fn delete_session(
@@ -284,6 +331,14 @@ mod tests {
     const ANSWER: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
     const PROGRESS: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
 
+    /// What a `tools/call` with id `id` waits for.
+    fn call(id: i64) -> Option<Expected> {
+        Some(Expected {
+            id: RequestId::Number(id),
+            tool_call: true,
+        })
+    }
+
     fn sse(events: Vec<Result<sse_stream::Sse, sse_stream::Error>>) -> StreamableHttpPostResponse {
         StreamableHttpPostResponse::Sse(stream::iter(events).boxed(), Some("session".into()))
     }
@@ -307,7 +362,7 @@ mod tests {
     async fn an_answer_alone_after_a_priming_event_comes_back_as_json() {
         let response = answer_first(
             sse(vec![event("", Some("0")), event(ANSWER, Some("1"))]),
-            Some(RequestId::Number(7)),
+            call(7),
         )
         .await;
         let StreamableHttpPostResponse::Json(ServerJsonRpcMessage::Response(answer), session) =
@@ -327,7 +382,7 @@ mod tests {
                 event(PROGRESS, None),
                 event(ANSWER, None),
             ]),
-            Some(RequestId::Number(7)),
+            call(7),
         )
         .await;
         assert_eq!(remaining(response).await, ["", PROGRESS, ANSWER]);
@@ -335,18 +390,40 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_to_another_request_or_a_broken_stream_is_handed_on_whole() {
-        let other = answer_first(sse(vec![event(ANSWER, None)]), Some(RequestId::Number(8))).await;
+        let other = answer_first(sse(vec![event(ANSWER, None)]), call(8)).await;
         assert_eq!(remaining(other).await, [ANSWER]);
         let broken = answer_first(
             sse(vec![
                 Err(sse_stream::Error::InvalidLine),
                 event(ANSWER, None),
             ]),
-            Some(RequestId::Number(7)),
+            call(7),
         )
         .await;
         assert_eq!(remaining(broken).await.len(), 2);
         let notification = answer_first(sse(vec![event(ANSWER, None)]), None).await;
         assert_eq!(remaining(notification).await, [ANSWER]);
+    }
+
+    #[test]
+    fn a_tool_call_answer_reads_as_rmcp_reads_it() {
+        let expected = call(7).expect("a request");
+        for data in [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"complete","structuredContent":null,"_meta":{"k":1}}}"#,
+            // Not a complete tool result: read as rmcp reads it.
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"input_required","requestState":"s"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"_meta":{"k":1}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"unknown tool"}}"#,
+            r#"{"jsonrpc":"1.0","id":7,"result":{"content":[]}}"#,
+        ] {
+            let ours = expected
+                .read(data)
+                .map(|m| serde_json::to_value(m).expect("JSON"));
+            let rmcp = serde_json::from_str::<ServerJsonRpcMessage>(data)
+                .ok()
+                .map(|m| serde_json::to_value(m).expect("JSON"));
+            assert_eq!(ours, rmcp, "{data}");
+        }
     }
 }
