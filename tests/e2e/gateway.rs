@@ -744,6 +744,23 @@ async fn malformed_jsonrpc_bodies_get_400_with_their_codes() {
             assert_eq!(error["error"]["code"], code, "{short}: {text}");
         }
     }
+    // A 2026-07-28 call the edge would answer itself (no session, the
+    // transport's headers, its `_meta`) is held to the same depth, even
+    // nested within what a JSON parser would take (100 levels).
+    let plain_deep = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"add","arguments":{{"a":{}1{}}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{{"name":"t","version":"1"}},"io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#,
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    let plain_headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "add"),
+    ];
+    let response = post(&url, Some(CALLER), &plain_headers, &plain_deep).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let error: Value = response.json().await.expect("JSON-RPC error");
+    assert_eq!(error["error"]["code"], -32700, "{error}");
     let (status, _) = stack.worker.readyz().await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list_tools(&url, CALLER, &session).await.0, StatusCode::OK);

@@ -138,16 +138,19 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
                 return (String::new(), ApiError::from(error).into_response());
             }
         };
+        // A plain call is read once, straight into its parts: what it is
+        // read as is a valid JSON-RPC request, so the envelope's checks
+        // would all pass. Depth is bounded first, as for every body.
+        if json_depth(&bytes, MAX_JSON_DEPTH) <= MAX_JSON_DEPTH
+            && let Some(call) = plain::plain_call(&parts.headers, &bytes)
+        {
+            let response = plain::answer(&state.gateway, gateway_request, call).await;
+            return (plain::METHOD.to_owned(), response);
+        }
         let posted = match jsonrpc_envelope(&bytes) {
             Ok(posted) => posted,
             Err(refused) => return (String::new(), refused),
         };
-        if posted.method == "tools/call"
-            && let Some(call) = plain::plain_call(&parts.headers, &bytes)
-        {
-            let response = plain::answer(&state.gateway, gateway_request, call).await;
-            return (posted.method, response);
-        }
         if let Err(refused) = readable(&bytes) {
             return (posted.method, refused);
         }

@@ -23,8 +23,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, ErrorCode as RpcCode, JsonRpcMessage, ProtocolVersion, RequestId,
-    RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
+    CallToolRequestParams, ErrorCode as RpcCode, JsonRpcMessage, JsonRpcVersion2_0,
+    ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PARAM_PREFIX,
@@ -46,13 +46,20 @@ pub struct PlainCall {
     pub params: CallToolRequestParams,
 }
 
-/// A `tools/call` as the lean edge reads it, after the edge judged the
-/// envelope (`jsonrpc`, `method`, `id`): straight into its parameters,
-/// without rmcp's reading of a client message (an untagged enum over every
-/// message and request type, whose failed attempts each build an error),
-/// which cost more than the rest of the edge together.
+/// The one method the lean edge answers.
+pub const METHOD: &str = "tools/call";
+
+/// A `tools/call` as the lean edge reads it: once, straight into its
+/// parameters, neither the edge's envelope (`crate::http::mcp`) nor rmcp's
+/// reading of a client message (an untagged enum over every message and
+/// request type, whose failed attempts each build an error, which cost
+/// more than the rest of the edge together). A body read this way is a
+/// valid JSON-RPC request: version 2.0, an id that is a string or an
+/// integer, no field twice.
 #[derive(Deserialize)]
 struct PlainRequest<'a> {
+    #[serde(rename = "jsonrpc")]
+    _jsonrpc: JsonRpcVersion2_0,
     #[serde(borrow)]
     method: std::borrow::Cow<'a, str>,
     id: RequestId,
@@ -66,7 +73,7 @@ pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
         || !accepts_json_and_sse(headers)
         || !is_json(headers)
         || only(headers, HEADER_MCP_PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
-        || only(headers, HEADER_MCP_METHOD)? != "tools/call"
+        || only(headers, HEADER_MCP_METHOD)? != METHOD
         || headers.keys().any(is_param_header)
     {
         return None;
@@ -75,8 +82,9 @@ pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
         method,
         id,
         mut params,
+        ..
     } = serde_json::from_slice(body).ok()?;
-    if method != "tools/call" || only(headers, HEADER_MCP_NAME)? != params.name {
+    if method != METHOD || only(headers, HEADER_MCP_NAME)? != params.name {
         return None;
     }
     // Kept beside the parameters, as rmcp hands a request's `_meta` over.
@@ -337,6 +345,15 @@ mod tests {
             ("another method", BODY.replace("tools/call", "tools/list")),
             ("a notification", BODY.replace(r#""id":7,"#, "")),
             ("not JSON-RPC", "{".to_owned()),
+            // What the edge's envelope refuses is not plain either.
+            ("another version", BODY.replace(r#""2.0""#, r#""1.0""#)),
+            ("no version", BODY.replace(r#""jsonrpc":"2.0","#, "")),
+            ("a null id", BODY.replace(r#""id":7"#, r#""id":null"#)),
+            ("a fractional id", BODY.replace(r#""id":7"#, r#""id":7.5"#)),
+            (
+                "a field twice",
+                BODY.replace(r#""id":7"#, r#""id":7,"id":8"#),
+            ),
         ] {
             assert!(judged(&headers(), &body).is_none(), "{case}");
         }
