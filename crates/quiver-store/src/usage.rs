@@ -172,10 +172,14 @@ impl SqlStore {
             }
         };
         tx.commit().await?;
+        // Read after the commit: a lease that took its time before another
+        // opened the window would otherwise count from before the window
+        // began, past its length. Clamped too, against a clock stepped back.
+        let after = Utc::now().timestamp_millis();
         Ok(CallsLease {
             granted: u32::try_from(granted).unwrap_or(0),
             window_start_ms: start,
-            remaining_ms: (end - now).max(0),
+            remaining_ms: (end - after).clamp(0, i64::from(per_s) * 1000),
         })
     }
 
