@@ -138,12 +138,13 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
                 return (String::new(), ApiError::from(error).into_response());
             }
         };
+        if let Err(refused) = shallow(&bytes) {
+            return (String::new(), refused);
+        }
         // A plain call is read once, straight into its parts: what it is
         // read as is a valid JSON-RPC request, so the envelope's checks
-        // would all pass. Depth is bounded first, as for every body.
-        if json_depth(&bytes, MAX_JSON_DEPTH) <= MAX_JSON_DEPTH
-            && let Some(call) = plain::plain_call(&parts.headers, &bytes)
-        {
+        // would all pass.
+        if let Some(call) = plain::plain_call(&parts.headers, &bytes) {
             let response = plain::answer(&state.gateway, gateway_request, call).await;
             return (plain::METHOD.to_owned(), response);
         }
@@ -321,10 +322,24 @@ struct InitializeParams {
     protocol_version: Option<String>,
 }
 
-/// What a POST body says, or the JSON-RPC error the transport spec
-/// prescribes for it: -32700 for a body that is not JSON, -32600 for JSON
-/// that is not one JSON-RPC 2.0 message (batches were removed in
-/// 2025-06-18).
+/// A POST body nested no deeper than [`MAX_JSON_DEPTH`], judged before any
+/// parser (ours or rmcp's) recurses into it; -32700 otherwise.
+#[expect(clippy::result_large_err, reason = "the error is the response itself")]
+fn shallow(body: &[u8]) -> Result<(), Response> {
+    if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
+        return Err(jsonrpc_error(
+            StatusCode::BAD_REQUEST,
+            -32700,
+            &format!("Parse error: JSON nested deeper than {MAX_JSON_DEPTH} levels"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a POST body (already [`shallow`]) says, or the JSON-RPC error the
+/// transport spec prescribes for it: -32700 for a body that is not JSON,
+/// -32600 for JSON that is not one JSON-RPC 2.0 message (batches were
+/// removed in 2025-06-18).
 #[expect(clippy::result_large_err, reason = "the error is the response itself")]
 fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
     let invalid = |detail: &str| {
@@ -341,12 +356,6 @@ fn jsonrpc_envelope(body: &[u8]) -> Result<Posted, Response> {
             &format!("Parse error: {detail}"),
         )
     };
-    // Depth first: no parser (ours or rmcp's) recurses into a hostile body.
-    if json_depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH {
-        return Err(parse_error(&format!(
-            "JSON nested deeper than {MAX_JSON_DEPTH} levels"
-        )));
-    }
     let envelope: Envelope<'_> = match serde_json::from_slice(body) {
         Ok(envelope) => envelope,
         // Valid JSON of another shape (an array, a number, fields of the
@@ -409,6 +418,7 @@ mod tests {
     /// The edge's judgement of a body that is not a plain call.
     #[expect(clippy::result_large_err, reason = "the error is the response itself")]
     fn judged(body: &[u8]) -> Result<Posted, Response> {
+        shallow(body)?;
         let posted = jsonrpc_envelope(body)?;
         readable(body)?;
         Ok(posted)
