@@ -78,10 +78,11 @@ impl<C> AnswerFirst<C> {
     async fn answered(
         &self,
         expected: Option<Expected>,
-        initialize: bool,
         response: StreamableHttpPostResponse,
     ) -> StreamableHttpPostResponse {
-        if initialize
+        if expected
+            .as_ref()
+            .is_some_and(|e| e.method == Method::Initialize)
             && let StreamableHttpPostResponse::Json(_, session)
             | StreamableHttpPostResponse::Sse(_, session) = &response
         {
@@ -91,19 +92,20 @@ impl<C> AnswerFirst<C> {
     }
 }
 
-fn is_initialize(message: &ClientJsonRpcMessage) -> bool {
-    matches!(
-        message,
-        ClientJsonRpcMessage::Request(request)
-            if matches!(request.request, rmcp::model::ClientRequest::InitializeRequest(_))
-    )
-}
-
-/// The answer a request waits for: its id, and whether it is a
-/// `tools/call`'s.
+/// The answer a request waits for: its id, and what its answer means here.
 struct Expected {
     id: RequestId,
-    tool_call: bool,
+    method: Method,
+}
+
+/// The requests whose answers are handled apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// Its answer carries the session id.
+    Initialize,
+    /// Its answer is read as a tool's result ([`Expected::read`]).
+    ToolCall,
+    Other,
 }
 
 impl Expected {
@@ -112,9 +114,14 @@ impl Expected {
         let ClientJsonRpcMessage::Request(request) = message else {
             return None;
         };
+        let method = match request.request {
+            ClientRequest::InitializeRequest(_) => Method::Initialize,
+            ClientRequest::CallToolRequest(_) => Method::ToolCall,
+            _ => Method::Other,
+        };
         Some(Expected {
             id: request.id.clone(),
-            tool_call: matches!(request.request, ClientRequest::CallToolRequest(_)),
+            method,
         })
     }
 
@@ -125,7 +132,7 @@ impl Expected {
     /// fifteen listed before `CallToolResult` first. Anything else is read
     /// as rmcp reads it.
     fn read(&self, data: &str) -> Option<ServerJsonRpcMessage> {
-        if self.tool_call
+        if self.method == Method::ToolCall
             && let Ok(answer) = serde_json::from_str::<ToolCallAnswer>(data)
         {
             return Some(ServerJsonRpcMessage::response(
@@ -219,11 +226,11 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
+        let expected = Expected::of(&message);
         let posted =
             self.client
                 .post_message(uri, message, session_id, auth_header, custom_headers);
-        Ok(self.answered(expected, initialize, posted.await?).await)
+        Ok(self.answered(expected, posted.await?).await)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -235,7 +242,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
+        let expected = Expected::of(&message);
         let posted = self.client.post_message_with_max_sse_event_size(
             uri,
             message,
@@ -244,7 +251,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             max_sse_event_size,
         );
-        Ok(self.answered(expected, initialize, posted.await?).await)
+        Ok(self.answered(expected, posted.await?).await)
     }
 
     async fn post_message_with_response_limits(
@@ -256,7 +263,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let (expected, initialize) = (Expected::of(&message), is_initialize(&message));
+        let expected = Expected::of(&message);
         let posted = self.client.post_message_with_response_limits(
             uri,
             message,
@@ -265,7 +272,7 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for AnswerFirst<C> {
             custom_headers,
             limits,
         );
-        Ok(self.answered(expected, initialize, posted.await?).await)
+        Ok(self.answered(expected, posted.await?).await)
     }
 
     async fn delete_session(
@@ -335,7 +342,7 @@ mod tests {
     fn call(id: i64) -> Option<Expected> {
         Some(Expected {
             id: RequestId::Number(id),
-            tool_call: true,
+            method: Method::ToolCall,
         })
     }
 
