@@ -86,6 +86,7 @@ async fn forward(
         let response = request.send().await?;
         let status = response.status();
         let mut passed = HeaderMap::new();
+        // All but `Accept`, which is the request's alone.
         for name in &PASSED[1..] {
             if let Some(value) = response.headers().get(name) {
                 passed.insert(name, value.clone());
