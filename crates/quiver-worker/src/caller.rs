@@ -35,7 +35,9 @@ pub struct Task {
 #[derive(Debug, Clone)]
 pub struct CallerId {
     id: [u8; 8],
-    /// `oidc:<issuer>#<sub>` of an identity provider's caller.
+    /// The principal, where it is known when the caller is made: a
+    /// configured token's `token:<tag>` (made once, not on every call),
+    /// an identity provider's `oidc:<issuer>#<sub>`.
     principal: Option<Arc<str>>,
 }
 
@@ -74,9 +76,10 @@ impl CallerId {
 
     /// The caller presenting `token`.
     pub(crate) fn of_token(token: &str) -> Self {
+        let id = first_8(token);
         CallerId {
-            id: first_8(token),
-            principal: None,
+            id,
+            principal: Some(Arc::from(format!("token:{}", hex::encode(id)))),
         }
     }
 
