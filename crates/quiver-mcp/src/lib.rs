@@ -32,6 +32,6 @@ mod tools;
 pub use error::{AuthorizationRequired, McpError};
 pub use pool::{
     CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,
-    UpstreamInput,
+    UpstreamInput, forwarded_meta,
 };
 pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};

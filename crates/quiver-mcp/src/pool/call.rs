@@ -83,12 +83,17 @@ pub struct UpstreamInput {
 /// the caller's own session with the worker (`io.modelcontextprotocol/…`:
 /// protocol version, capabilities) and without its progress token (rmcp
 /// sends every request with a token of its own, mapped back by the relay).
-fn forwarded_meta(meta: Option<RequestMetaObject>) -> Option<RequestMetaObject> {
-    let mut meta = meta?;
-    meta.0
+/// Only the keys passed on are copied: a 2026-07-28 caller's `_meta` is
+/// mostly its own client info and capabilities.
+pub fn forwarded_meta(meta: &RequestMetaObject) -> Option<RequestMetaObject> {
+    let kept: JsonObject = meta
         .0
-        .retain(|key, _| key != "progressToken" && !key.starts_with("io.modelcontextprotocol/"));
-    (!meta.0.0.is_empty()).then_some(meta)
+        .0
+        .iter()
+        .filter(|(key, _)| *key != "progressToken" && !key.starts_with("io.modelcontextprotocol/"))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    (!kept.is_empty()).then_some(RequestMetaObject(rmcp::model::MetaObject(kept)))
 }
 
 impl McpPool {
@@ -160,7 +165,7 @@ impl McpPool {
                     .register(options.attachment.clone(), started + timeout);
                 let mut params = CallToolRequestParams::new(tool.to_owned());
                 params.arguments = arguments.clone();
-                params.meta = forwarded_meta(options.meta.clone());
+                params.meta = options.meta.as_ref().and_then(forwarded_meta);
                 if let Some(input) = &options.input {
                     params.input_responses =
                         (!input.responses.is_empty()).then(|| input.responses.clone());
@@ -396,5 +401,32 @@ pub(super) fn map_service_error(err: ServiceError, timeout_ms: u64) -> McpError 
             McpError::Unavailable("connection to the server closed (it may have crashed)".into())
         }
         other => McpError::Unavailable(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_callers_own_keys_are_forwarded() {
+        let mut meta = RequestMetaObject::new();
+        meta.set_protocol_version(rmcp::model::ProtocolVersion::V_2026_07_28);
+        meta.set_client_capabilities(rmcp::model::ClientCapabilities::default());
+        meta.set_progress_token(rmcp::model::ProgressToken(
+            rmcp::model::NumberOrString::Number(7),
+        ));
+        assert!(
+            forwarded_meta(&meta).is_none(),
+            "nothing of the caller's own"
+        );
+        meta.0
+            .0
+            .insert("trace".into(), serde_json::json!({"id": "t-1"}));
+        let forwarded = forwarded_meta(&meta).expect("the caller's key");
+        assert_eq!(
+            serde_json::to_value(&forwarded).unwrap(),
+            serde_json::json!({"trace": {"id": "t-1"}})
+        );
     }
 }

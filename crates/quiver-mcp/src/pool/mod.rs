@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
-pub use call::{CallOptions, CallOutcome, ForwardError, UpstreamInput};
+pub use call::{CallOptions, CallOutcome, ForwardError, UpstreamInput, forwarded_meta};
 pub use health::{HealthState, ServerHealth};
 pub use inner::McpPool;
 pub use options::PoolOptions;

@@ -17,13 +17,14 @@ use http::uri::Authority;
 /// Host names a loopback listener answers to.
 const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
-/// Which `Host` and `Origin` headers the MCP endpoints accept.
+/// Which `Host` and `Origin` headers the MCP endpoints accept. The lists
+/// are read once, here, not on every request.
 #[derive(Debug, Clone)]
 pub struct RebindingGuard {
     /// `host` or `host:port`; empty: any.
-    hosts: Vec<String>,
-    /// `scheme://host[:port]`; empty: same origin as `Host`.
-    origins: Vec<String>,
+    hosts: Vec<Allowed>,
+    /// `scheme://host[:port]`; `None`: same origin as `Host`.
+    origins: Option<Vec<(String, Allowed)>>,
 }
 
 /// A request the guard refuses, and why (for the 403 body).
@@ -39,19 +40,36 @@ pub enum Refused {
     Origin(String),
 }
 
-fn strip_brackets(host: &str) -> String {
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase()
+/// `host` without the brackets of an IPv6 literal.
+fn bare(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
-fn matches_authority(allowed: &str, host: &str, port: Option<u16>) -> bool {
-    match Authority::try_from(allowed.trim()) {
-        Ok(authority) => {
-            strip_brackets(authority.host()) == host
-                && authority.port_u16().is_none_or(|p| Some(p) == port)
+/// An allowed `host[:port]`: its host name (lower case, no brackets) and
+/// the port, if it names one (then only that port).
+#[derive(Debug, Clone)]
+struct Allowed {
+    host: String,
+    port: Option<u16>,
+}
+
+impl Allowed {
+    fn parse(allowed: &str) -> Self {
+        let allowed = allowed.trim();
+        match Authority::try_from(allowed) {
+            Ok(authority) => Allowed {
+                host: bare(authority.host()).to_ascii_lowercase(),
+                port: authority.port_u16(),
+            },
+            Err(_) => Allowed {
+                host: bare(allowed).to_ascii_lowercase(),
+                port: None,
+            },
         }
-        Err(_) => strip_brackets(allowed.trim()) == host,
+    }
+
+    fn matches(&self, host: &str, port: Option<u16>) -> bool {
+        self.host.eq_ignore_ascii_case(host) && self.port.is_none_or(|p| Some(p) == port)
     }
 }
 
@@ -79,7 +97,18 @@ impl RebindingGuard {
         } else {
             origins
         };
-        RebindingGuard { hosts, origins }
+        RebindingGuard {
+            hosts: hosts.iter().map(|host| Allowed::parse(host)).collect(),
+            // An entry without a scheme never matches; the list still
+            // stands (it is not "same origin").
+            origins: (!origins.is_empty()).then(|| {
+                origins
+                    .iter()
+                    .filter_map(|origin| origin.split_once("://"))
+                    .map(|(scheme, rest)| (scheme.to_owned(), Allowed::parse(rest)))
+                    .collect()
+            }),
+        }
     }
 
     /// Checks a request's headers.
@@ -90,13 +119,8 @@ impl RebindingGuard {
             .unwrap_or_default();
         let host =
             Authority::try_from(host_header).map_err(|_| Refused::Host(host_header.into()))?;
-        let (name, port) = (strip_brackets(host.host()), host.port_u16());
-        if !self.hosts.is_empty()
-            && !self
-                .hosts
-                .iter()
-                .any(|allowed| matches_authority(allowed, &name, port))
-        {
+        let (name, port) = (bare(host.host()), host.port_u16());
+        if !self.hosts.is_empty() && !self.hosts.iter().any(|allowed| allowed.matches(name, port)) {
             return Err(Refused::Host(host_header.into()));
         }
         let Some(origin) = headers.get(http::header::ORIGIN) else {
@@ -108,18 +132,13 @@ impl RebindingGuard {
         let (Some(scheme), Some(authority)) = (parsed.scheme_str(), parsed.authority()) else {
             return Err(refused());
         };
-        let origin_host = strip_brackets(authority.host());
-        let allowed = if self.origins.is_empty() {
-            origin_host == name && authority.port_u16() == port
-        } else {
-            self.origins.iter().any(|allowed| {
-                allowed
-                    .split_once("://")
-                    .is_some_and(|(allowed_scheme, rest)| {
-                        allowed_scheme.eq_ignore_ascii_case(scheme)
-                            && matches_authority(rest, &origin_host, authority.port_u16())
-                    })
-            })
+        let origin_host = bare(authority.host());
+        let allowed = match &self.origins {
+            None => origin_host.eq_ignore_ascii_case(name) && authority.port_u16() == port,
+            Some(origins) => origins.iter().any(|(allowed_scheme, allowed)| {
+                allowed_scheme.eq_ignore_ascii_case(scheme)
+                    && allowed.matches(origin_host, authority.port_u16())
+            }),
         };
         if allowed { Ok(()) } else { Err(refused()) }
     }

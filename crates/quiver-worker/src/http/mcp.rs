@@ -168,11 +168,16 @@ async fn admit(state: ApiState, scope: Scope, request: Request) -> (String, Resp
     {
         return (rpc_method, refused);
     }
-    let response = state
-        .gateway
-        .handle(gateway_request, posted, Request::from_parts(parts, body))
-        .await
-        .unwrap_or_else(|refused| ApiError::from(refused).into_response());
+    // Boxed: rmcp's service is much larger than a plain call's path, and
+    // inline it would make every request's future (moved whole on its way
+    // to hyper) as large as its own.
+    let response = Box::pin(state.gateway.handle(
+        gateway_request,
+        posted,
+        Request::from_parts(parts, body),
+    ))
+    .await
+    .unwrap_or_else(|refused| ApiError::from(refused).into_response());
     (rpc_method, response)
 }
 

@@ -154,12 +154,10 @@ impl GatewayServer {
                 }
             }
         };
-        // rmcp hands a request's `_meta` to the handler in the context; it
-        // is passed on upstream without the worker's own key.
-        let mut meta = params
-            .meta
-            .clone()
-            .unwrap_or_else(|| invocation.meta.clone());
+        // rmcp hands a request's `_meta` to the handler in the context; what
+        // of it is passed on upstream (not the worker's own key) is copied.
+        let mut meta = quiver_mcp::forwarded_meta(params.meta.as_ref().unwrap_or(invocation.meta))
+            .unwrap_or_default();
         let named_approval = meta
             .0
             .0
