@@ -424,8 +424,11 @@ impl ToolRunner {
                 .await?
             }
         };
-        self.execute(task, context, tool, arguments, cleared, started)
-            .await
+        // Boxed: the call on the wire is most of this future's size, and
+        // every caller's future (each surface's handler, the gateway's
+        // round) would otherwise hold it inline and be moved whole on its
+        // way to the runtime (BENCHMARKS.md "Work per call, counted").
+        Box::pin(self.execute(task, context, tool, arguments, cleared, started)).await
     }
 
     /// The tool `name` refers to, looked up by `lookup`, among those `task`

@@ -344,13 +344,17 @@ async fn a_server_endpoint_is_the_server_under_its_own_names() {
     );
 }
 
-/// A gateway `tools/call` holds the runner's call once: its future is what
-/// every call allocates (the lean edge boxes it), and storing the runner's
-/// future again at each level that took it by value (and the cold paths of
-/// consent and approvals inline) once made it seven times the runner's
-/// (BENCHMARKS.md, "The size of a gateway call's future").
+/// A gateway `tools/call` holds the runner's call once and little of its
+/// own: its future is what every call allocates (the lean edge boxes it),
+/// and storing the runner's future again at each level that took it by
+/// value (and the cold paths of consent and approvals inline) once made it
+/// seven times the runner's (BENCHMARKS.md, "The size of a gateway call's
+/// future"). The runner boxes the call on the wire, so its own future is
+/// small; the gateway's state beside it is ~2.4 KB in the debug build, and
+/// the runner's future held a second time would pass the bound.
 #[tokio::test]
 async fn a_gateway_call_s_future_holds_the_runner_s_call_once() {
+    const GATEWAY_OWN_STATE: usize = 3 * 1024;
     let gateway = Gateway::start().await;
     let task = task(TaskPolicy::default());
     let request = GatewayRequest {
@@ -387,7 +391,7 @@ async fn a_gateway_call_s_future_holds_the_runner_s_call_once() {
     ));
     eprintln!("future sizes: gateway call {gateway_call} B, runner call {runner_call} B");
     assert!(
-        gateway_call < 2 * runner_call,
-        "the gateway's call ({gateway_call} B) holds the runner's ({runner_call} B) more than once"
+        gateway_call < runner_call + GATEWAY_OWN_STATE,
+        "the gateway's call ({gateway_call} B) holds more than the runner's ({runner_call} B) and {GATEWAY_OWN_STATE} B of its own"
     );
 }
