@@ -367,12 +367,8 @@ impl Catalog {
         let mut catalog = Catalog::default();
         for (server, hit) in selected.into_iter().zip(cached) {
             // One listing was fetched per server not cached, in order.
-            let listed = match hit {
-                Some(cached) => cached,
-                None => match fetched.next() {
-                    Some(listed) => listed,
-                    None => continue,
-                },
+            let Some(listed) = hit.or_else(|| fetched.next()) else {
+                continue;
             };
             match listed {
                 Ok(tools) => catalog
