@@ -75,8 +75,10 @@ pub enum Isolation {
 /// `_meta`, 2025-11-25 and older open with the `initialize` handshake.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Protocol {
-    /// 2026-07-28 when the server offers it, else the `initialize`
-    /// handshake (2025-11-25 or the older revision the server answers).
+    /// A session (`initialize`, 2025-11-25 or the older revision the
+    /// server answers) when the server offers one, else 2026-07-28
+    /// (`server/discover`): what the worker relays between a server and its
+    /// callers needs a session (docs/reference.md §7 R-MCP-8).
     #[default]
     #[serde(rename = "auto")]
     Auto,

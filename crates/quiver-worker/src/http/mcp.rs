@@ -284,22 +284,30 @@ struct Envelope<'a> {
 }
 
 /// How deep `body` nests arrays and objects (outside strings), counting
-/// no further than `limit + 1`.
+/// no further than `limit + 1`. Strings, most of a request's bytes, are
+/// skipped with `memchr` to their closing quote rather than walked byte by
+/// byte; an unterminated one ends the scan (the parser refuses it).
 fn json_depth(body: &[u8], limit: usize) -> usize {
     let (mut depth, mut deepest) = (0usize, 0usize);
-    let (mut in_string, mut escaped) = (false, false);
-    for &byte in body {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut rest = body;
+    while let Some(at) = rest
+        .iter()
+        .position(|byte| matches!(byte, b'"' | b'[' | b'{' | b']' | b'}'))
+    {
+        let byte = rest[at];
+        rest = &rest[at + 1..];
         match byte {
-            b'"' => in_string = true,
+            b'"' => loop {
+                match memchr::memchr2(b'"', b'\\', rest) {
+                    Some(quote) if rest[quote] == b'"' => {
+                        rest = &rest[quote + 1..];
+                        break;
+                    }
+                    // An escape: the next byte is taken with it.
+                    Some(backslash) => rest = rest.get(backslash + 2..).unwrap_or_default(),
+                    None => return deepest,
+                }
+            },
             b'[' | b'{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
@@ -307,8 +315,7 @@ fn json_depth(body: &[u8], limit: usize) -> usize {
                     return deepest;
                 }
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
+            _ => depth = depth.saturating_sub(1),
         }
     }
     deepest
@@ -511,6 +518,50 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         ] {
             assert!(judged(fine.as_bytes()).is_ok(), "{fine}");
+        }
+    }
+
+    #[test]
+    fn depth_counts_brackets_outside_strings_only() {
+        for (body, depth) in [
+            (r#"{}"#, 1),
+            (r#"{"a":[1,{"b":[]}]}"#, 4),
+            (r#"{"a":"[[[{{{"}"#, 1),
+            (r#"{"a":"\"[[","b":[[]]}"#, 3),
+            (r#"{"a":"\\","b":[[]]}"#, 3),
+            (r#"{"a":"\\\"{{{\\","b":[]}"#, 2),
+            (r#"[[["unterminated [[[["#, 3),
+            (r#"{"a":"ends in an escape\"#, 1),
+            (r#"{"é":"ü","b":[{}]}"#, 3),
+        ] {
+            assert_eq!(json_depth(body.as_bytes(), 64), depth, "{body}");
+        }
+        let deep = "[".repeat(100);
+        assert_eq!(json_depth(deep.as_bytes(), 64), 65, "counted no further");
+    }
+
+    /// How deep a JSON value nests, as [`json_depth`] counts it.
+    fn nesting(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+            serde_json::Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// Strings full of what the scan must see past.
+    const TRICKY: &[&str] = &["\\", "\"", "[{", "}]", "\\\"[", "é\\", "\\\\["];
+
+    proptest::proptest! {
+        #![proptest_config(quiver_testkit::fuzz::cases(256))]
+        /// The scan agrees with the parser on any document, strings with
+        /// quotes, escapes and brackets included.
+        #[test]
+        fn depth_is_the_documents_nesting(value in quiver_testkit::fuzz::json_value(
+            &["a", "[", "\"{"], quiver_testkit::fuzz::words(TRICKY), 6,
+        )) {
+            let text = serde_json::to_vec(&value).expect("serialized");
+            proptest::prop_assert_eq!(json_depth(&text, 64), nesting(&value));
         }
     }
 }
