@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use quiver_mcp::leases::{SessionKey, SessionKind};
 use quiver_mcp::{CallOptions, McpPool, PoolOptions};
-use quiver_model::{Isolation, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
+use quiver_model::{Isolation, McpServerSpec, StdioConfig, StoredServer, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use quiver_testkit::bench_servers::{BenchError, everything_entry, node_binary, server_binary};
 use serde_json::Value;
@@ -42,14 +42,7 @@ fn record(
     });
     spec.allowed_tools = vec!["*".into()];
     spec.isolation = isolation;
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: Default::default(),
-        updated_at: Default::default(),
-        updated_by: "bench".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "bench"))
 }
 
 fn session_key(id: &str) -> SessionKey {

@@ -20,7 +20,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use quiver_mcp::relay::{CallAttachment, CallPeer};
 use quiver_mcp::{CallOptions, McpPool, PoolOptions};
-use quiver_model::{HttpConfig, McpServerSpec, Protocol, Source, StoredServer, Transport};
+use quiver_model::{HttpConfig, McpServerSpec, Protocol, StoredServer, Transport};
 use quiver_testkit::scenario_server::{Revisions, ScenarioServer};
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -126,14 +126,7 @@ fn server(url: &str, protocol: Protocol) -> Arc<StoredServer> {
         ..Default::default()
     });
     spec.protocol = protocol;
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: chrono::Utc::now(),
-        updated_at: chrono::Utc::now(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "test"))
 }
 
 fn text(outcome: &quiver_mcp::CallOutcome) -> String {

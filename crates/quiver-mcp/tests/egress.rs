@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use quiver_mcp::egress::EgressPolicy;
 use quiver_mcp::{HealthState, McpPool, PoolOptions};
-use quiver_model::{HttpConfig, McpServerSpec, Source, StoredServer, Transport};
+use quiver_model::{HttpConfig, McpServerSpec, StoredServer, Transport};
 use quiver_testkit::mcp_server::{ExampleServer, spawn_streamable_http};
 
 fn server(id: &str, url: &str) -> Arc<StoredServer> {
@@ -20,14 +20,7 @@ fn server(id: &str, url: &str) -> Arc<StoredServer> {
         auth_ref: None,
     });
     spec.allowed_tools = vec!["*".into()];
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: chrono::Utc::now(),
-        updated_at: chrono::Utc::now(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "test"))
 }
 
 fn pool(hosts: &[&str], cidrs: &[&str]) -> McpPool {

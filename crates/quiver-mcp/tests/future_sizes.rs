@@ -11,19 +11,16 @@ use quiver_mcp::connection::{ClientSide, ConnectSettings, Connection, StderrTail
 use quiver_mcp::launch::{Launch, StdioLaunch};
 use quiver_mcp::server_log::ServerLog;
 use quiver_mcp::{CallOptions, McpPool, PoolOptions};
-use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
+use quiver_model::{McpServerSpec, StoredServer, Transport};
 
 #[tokio::test]
 async fn a_call_s_future_is_smaller_than_opening_a_connection() {
     let pool = McpPool::new(PoolOptions::default());
-    let server = Arc::new(StoredServer {
-        spec: McpServerSpec::new("sizes", Transport::Stdio),
-        revision: 1,
-        created_at: chrono::Utc::now(),
-        updated_at: chrono::Utc::now(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    });
+    let server = Arc::new(StoredServer::created(
+        McpServerSpec::new("sizes", Transport::Stdio),
+        1,
+        "test",
+    ));
     let launch = Launch::Stdio(StdioLaunch {
         command: "true".into(),
         args: Vec::new(),

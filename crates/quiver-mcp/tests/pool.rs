@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quiver_mcp::{HealthState, JsonObject, McpPool, PoolOptions};
-use quiver_model::{ErrorCode, McpServerSpec, Source, StdioConfig, StoredServer, Transport};
+use quiver_model::{ErrorCode, McpServerSpec, StdioConfig, StoredServer, Transport};
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use serde_json::json;
 
@@ -35,14 +35,7 @@ fn record(
     spec.allowed_tools = vec!["*".into()];
     spec.budgets.max_concurrency = max_concurrency;
     spec.budgets.tool_timeout_ms = tool_timeout_ms;
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: chrono::Utc::now(),
-        updated_at: chrono::Utc::now(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "test"))
 }
 
 /// Appends the shell's pid to `starts` (a new line per start), then becomes

@@ -26,7 +26,7 @@ use quiver_mcp::{
     CallOptions, HealthState, JsonObject, McpError, McpPool, PoolOptions, UpstreamInput,
 };
 use quiver_model::{
-    ErrorCode, HttpConfig, McpServerSpec, Protocol, Source, StdioConfig, StoredServer, Transport,
+    ErrorCode, HttpConfig, McpServerSpec, Protocol, StdioConfig, StoredServer, Transport,
 };
 use quiver_testkit::mcp_server::testkit_mcp_bin;
 use serde_json::{Value, json};
@@ -66,14 +66,7 @@ fn workspace_bin(name: &str) -> PathBuf {
 }
 
 fn stored(spec: McpServerSpec) -> Arc<StoredServer> {
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: chrono::Utc::now(),
-        updated_at: chrono::Utc::now(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "test"))
 }
 
 fn stdio(id: &str, command: &str, args: &[&str], protocol: Protocol) -> Arc<StoredServer> {

@@ -26,6 +26,23 @@ pub struct StoredServer {
     pub source: Source,
 }
 
+impl StoredServer {
+    /// `spec` as stored when `actor` created it through the API at
+    /// `revision`, now: the record a worker's pool and catalog are handed,
+    /// for code that holds one without a registry (tests, benchmarks).
+    pub fn created(spec: McpServerSpec, revision: u64, actor: &str) -> Self {
+        let now = Utc::now();
+        StoredServer {
+            spec,
+            revision,
+            created_at: now,
+            updated_at: now,
+            updated_by: actor.to_owned(),
+            source: Source::Api,
+        }
+    }
+}
+
 /// Kind of change recorded at a revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

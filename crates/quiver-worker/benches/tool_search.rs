@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use quiver_mcp::Tool;
 use quiver_model::policy::CompiledTaskPolicy;
-use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
+use quiver_model::{McpServerSpec, StoredServer, Transport};
 use quiver_testkit::bench::{Samples, env_usize, ms};
 use quiver_worker::catalog::Catalog;
 use quiver_worker::tool_search::ToolIndex;
@@ -378,14 +378,7 @@ fn catalog_of(tools: &[DataTool]) -> Catalog {
         .map(|(id, tools)| {
             let mut spec = McpServerSpec::new(id, Transport::Stdio);
             spec.allowed_tools = vec!["*".into()];
-            let server = StoredServer {
-                spec,
-                revision: 1,
-                created_at: Default::default(),
-                updated_at: Default::default(),
-                updated_by: "bench".into(),
-                source: Source::Api,
-            };
+            let server = StoredServer::created(spec, 1, "bench");
             (Arc::new(server), Arc::new(tools))
         })
         .collect();

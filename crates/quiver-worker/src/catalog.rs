@@ -470,21 +470,14 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use quiver_model::policy::{SessionFilter, TaskPolicy};
-    use quiver_model::{McpServerSpec, Source, Transport};
+    use quiver_model::{McpServerSpec, Transport};
 
     use super::*;
 
     fn server(allowed: &[&str], revision: u64) -> Arc<StoredServer> {
         let mut spec = McpServerSpec::new("cache-test", Transport::Stdio);
         spec.allowed_tools = allowed.iter().map(|s| (*s).to_owned()).collect();
-        Arc::new(StoredServer {
-            spec,
-            revision,
-            created_at: Default::default(),
-            updated_at: Default::default(),
-            updated_by: "test".into(),
-            source: Source::Api,
-        })
+        Arc::new(StoredServer::created(spec, revision, "test"))
     }
 
     fn tools(names: &[&str]) -> Arc<Vec<Tool>> {

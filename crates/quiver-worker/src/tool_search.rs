@@ -213,7 +213,7 @@ mod tests {
     use proptest::prelude::*;
     use quiver_mcp::Tool;
     use quiver_model::policy::{SessionFilter, TaskPolicy};
-    use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
+    use quiver_model::{McpServerSpec, StoredServer, Transport};
 
     use super::*;
 
@@ -250,14 +250,7 @@ mod tests {
         let mut spec = McpServerSpec::new(id, Transport::Stdio);
         spec.allowed_tools = allowed.to_vec();
         spec.denied_tools = denied.to_vec();
-        Arc::new(StoredServer {
-            spec,
-            revision: 1,
-            created_at: Default::default(),
-            updated_at: Default::default(),
-            updated_by: "test".into(),
-            source: Source::Api,
-        })
+        Arc::new(StoredServer::created(spec, 1, "test"))
     }
 
     fn listing() -> Arc<Vec<Tool>> {

@@ -80,14 +80,7 @@ fn stored_server(
     spec.enabled = *enabled;
     spec.allowed_tools = allowed.clone();
     spec.denied_tools = denied.clone();
-    StoredServer {
-        spec,
-        revision: 1,
-        created_at: Default::default(),
-        updated_at: Default::default(),
-        updated_by: "test".into(),
-        source: Source::Api,
-    }
+    StoredServer::created(spec, 1, "test")
 }
 
 fn access(spec: AccessSpec) -> ((AccessKind, String), Arc<StoredAccess>) {

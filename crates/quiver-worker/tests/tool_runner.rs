@@ -9,12 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use quiver_mcp::{McpError, McpPool, PoolOptions};
 use quiver_model::policy::TaskPolicy;
 use quiver_model::rate_limit::{LimitScope, RateLimit};
 use quiver_model::{
-    ApprovalMode, ApprovalPolicy, McpServerSpec, Source, StdioConfig, StoredServer, Transport,
+    ApprovalMode, ApprovalPolicy, McpServerSpec, StdioConfig, StoredServer, Transport,
 };
 use quiver_sync::Snapshot;
 use quiver_testkit::mcp_server::testkit_mcp_bin;
@@ -36,15 +35,7 @@ fn record(server_id: &str, edit: impl FnOnce(&mut McpServerSpec)) -> Arc<StoredS
     });
     spec.allowed_tools = vec!["*".into()];
     edit(&mut spec);
-    let now = Utc::now();
-    Arc::new(StoredServer {
-        spec,
-        revision: 1,
-        created_at: now,
-        updated_at: now,
-        updated_by: "test".into(),
-        source: Source::Api,
-    })
+    Arc::new(StoredServer::created(spec, 1, "test"))
 }
 
 /// A task named `name` under `policy`.

@@ -257,7 +257,7 @@ mod tests {
         use std::sync::Arc;
 
         use quiver_mcp::{CallOutcome, CallToolResult, Tool};
-        use quiver_model::{McpServerSpec, Source, StoredServer, Transport};
+        use quiver_model::{McpServerSpec, StoredServer, Transport};
 
         let mut tool = Tool::new("t", "a tool", Arc::new(serde_json::Map::new()));
         if output_schema {
@@ -272,14 +272,11 @@ mod tests {
         CallDone {
             tool: crate::catalog::CatalogTool {
                 injected_name: "mcp__x__t".into(),
-                server: Arc::new(StoredServer {
-                    spec: McpServerSpec::new("x", Transport::Stdio),
-                    revision: 1,
-                    created_at: Default::default(),
-                    updated_at: Default::default(),
-                    updated_by: "test".into(),
-                    source: Source::Api,
-                }),
+                server: Arc::new(StoredServer::created(
+                    McpServerSpec::new("x", Transport::Stdio),
+                    1,
+                    "test",
+                )),
                 tool,
                 exposed_name: "t".into(),
             },
