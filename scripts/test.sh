@@ -125,5 +125,7 @@ export QUIVER_TEST_NODE_MODULES="$web_modules"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Every link in the crates' API docs resolves, and no doc comment is read as HTML.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # One build shared by every test binary; then the run itself.
 cargo nextest run --workspace --locked --no-fail-fast

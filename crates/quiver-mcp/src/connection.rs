@@ -3,7 +3,7 @@
 //! Stdio children run in their own process group, with a minimal
 //! environment, stdout reserved for the protocol and stderr captured into a
 //! bounded tail for diagnostics; closing a connection ends everything the
-//! server started ([`crate::process_tree`]) and reaps it. What the server
+//! server started (the crate's `process_tree` module) and reaps it. What the server
 //! sends on its own (log notifications and the like) goes to its
 //! [`ServerLog`], never one log line per message.
 
@@ -129,7 +129,7 @@ pub struct ConnectSettings {
     /// The record's `protocol`: the era the handshake opens (see
     /// [`crate::lifecycle`]).
     pub protocol: Protocol,
-    /// Longest message a stdio server may send (see [`crate::stdio`]).
+    /// Longest message a stdio server may send (see the crate's `stdio` module).
     pub max_message_bytes: usize,
     /// HTTP client shared by the HTTP transports.
     pub http: reqwest::Client,

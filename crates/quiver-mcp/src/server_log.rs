@@ -2,7 +2,7 @@
 //! (`notifications/message`) kept in a bounded tail and counted in
 //! `mcp_server_log_messages_total{server_id,level}`, never one worker log
 //! line each (a server may send them in a loop), and the log rate limit of
-//! its other events ([`PeerEvents`]).
+//! its other events (`PeerEvents`).
 #![expect(
     deprecated,
     reason = "SEP-2577 deprecates server logging, but servers still send it (and flood with it)"

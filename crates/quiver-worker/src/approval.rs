@@ -44,7 +44,7 @@ pub enum ApprovalFlow<'a> {
 /// Settles an approval in a protocol that can ask the caller (the gateway).
 pub trait AskApproval: Send + Sync {
     /// The proof the call may run, or why not (the refusal, or
-    /// [`CallError::InputRequired`] when the client is asked first).
+    /// [`CallError::Asking`] when the client is asked first).
     fn settle<'p>(&'p self, pending: Pending<'p>) -> BoxFuture<'p, Result<Cleared, CallError>>;
 }
 

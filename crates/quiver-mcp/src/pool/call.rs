@@ -117,7 +117,7 @@ impl McpPool {
 
     /// Calls a tool within the server's budgets: the worker-wide in-flight
     /// cap, the server's `max_concurrency` (held until the server is done
-    /// with the call, see [`crate::inflight`]), `tool_timeout_ms` counted
+    /// with the call, see the crate's `inflight` module), `tool_timeout_ms` counted
     /// from `started` (resolving the tool counts against it too; a
     /// timed-out call is cancelled on the server) and
     /// `max_tool_output_bytes`. The caller's `_meta` is passed on and the

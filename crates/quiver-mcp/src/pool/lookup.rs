@@ -89,7 +89,7 @@ impl McpPool {
     /// disabled are closed, servers whose connection settings changed are
     /// restarted (calls in flight finish on the old connection), and the tool
     /// caches of every changed server are dropped. Every entry takes the
-    /// snapshot's record, whatever its revision (see [`Adopt::Current`]);
+    /// snapshot's record, whatever its revision (see `Adopt::Current`);
     /// unchanged records are the same allocation, so checking all is cheap
     /// and needs no list of what changed (which coalesced updates could lose).
     pub fn apply_snapshot(&self, servers: &BTreeMap<String, Arc<StoredServer>>) {

@@ -28,7 +28,7 @@ pub struct PoolOptions {
     pub restart_backoff_max: Duration,
     /// How long a timed-out call keeps its `max_concurrency` slot after it
     /// was cancelled, waiting for the server to answer it; unanswered by
-    /// then, the connection is recycled (see [`crate::inflight`] for the
+    /// then, the connection is recycled (see the crate's `inflight` module for the
     /// trade-off).
     pub cancel_grace: Duration,
     /// Pages one listing (`tools/list`, …) follows at most: a server that

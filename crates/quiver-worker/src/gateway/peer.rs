@@ -224,7 +224,7 @@ impl DownstreamPeer {
         queue
     }
 
-    /// Waits (at most [`FLUSH_WAIT`]) until the notifications relayed so
+    /// Waits (at most `FLUSH_WAIT`) until the notifications relayed so
     /// far are on the client's stream. Nothing to wait for when none was
     /// queued, or when the queue is the lean edge's own stream: it reads
     /// what came before the result first.

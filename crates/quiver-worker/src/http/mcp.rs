@@ -9,7 +9,7 @@
 //! message (the transport spec's -32700/-32600, nesting bounded before any
 //! parser recurses), an `initialize` or `server/discover` at an endpoint
 //! that would serve the caller nothing refused (404); then the gateway —
-//! a plain stateless `tools/call` directly ([`plain`]), anything else
+//! a plain stateless `tools/call` directly (`plain`), anything else
 //! through rmcp's streamable-HTTP service. Every answer is counted in
 //! `mcp_gateway_requests_total`.
 

@@ -285,7 +285,7 @@ const DEFAULT_UPSTREAM_API_KEY_ENV: &str = "OPENAI_API_KEY";
 /// and `quiver dev`).
 #[derive(Args, Debug, Default)]
 pub struct UpstreamFlags {
-    /// Base URL of the OpenAI-compatible chat API, e.g. https://api.openai.com/v1.
+    /// Base URL of the OpenAI-compatible chat API, e.g. <https://api.openai.com/v1>.
     #[arg(long, env = "QUIVER_UPSTREAM_URL")]
     pub upstream_url: Option<String>,
     /// Environment variable holding the upstream API key.

@@ -68,7 +68,7 @@ pub enum ServersCommand {
     /// `*.toml`/`*.json` file of a directory in one batch (one transaction:
     /// all or nothing).
     Apply {
-        /// File with one record or a [[servers]] list, or a directory of such
+        /// File with one record or a `[[servers]]` list, or a directory of such
         /// files.
         #[arg(long, short = 'f')]
         file: PathBuf,

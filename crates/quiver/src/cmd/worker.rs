@@ -58,8 +58,13 @@ pub struct WorkerArgs {
     #[arg(long, env = "QUIVER_WORKER_HTTP_LISTEN",
         help = format!("HTTP listen address for the tool API, chat, health and metrics [default: {DEFAULT_HTTP_LISTEN}]"))]
     pub http_listen: Option<SocketAddr>,
-    /// Identity reported to the registry [default: <hostname>-<pid>].
-    #[arg(long, env = "QUIVER_WORKER_ID")]
+    /// Identity reported to the registry; by default the host name and the
+    /// process id.
+    #[arg(
+        long,
+        env = "QUIVER_WORKER_ID",
+        help = "Identity reported to the registry [default: <hostname>-<pid>]"
+    )]
     pub worker_id: Option<String>,
     /// Serve callers without a token as task "default"; loopback listeners only.
     #[arg(long, env = "QUIVER_INSECURE_NO_AUTH")]

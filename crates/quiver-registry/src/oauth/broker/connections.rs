@@ -60,7 +60,7 @@ impl OAuthBroker {
     /// store a secret is refused, naming the missing setting.
     /// `public_url` is where browsers reach the registry: authorization
     /// servers send them back to its [`CALLBACK_PATH`], consent links point
-    /// below its [`LINK_PATH`]; `holder` names this replica in leases.
+    /// below its [`LINK_PATH`](super::LINK_PATH); `holder` names this replica in leases.
     pub fn new(
         store: Arc<dyn Store>,
         keyring: Option<Keyring>,

@@ -161,7 +161,7 @@ impl OAuthBroker {
 
     /// Revokes `principal`'s grant of `connection` (its tokens and pending
     /// links and flows); `actor` is audited. Workers stop using it within
-    /// [`GRANT_RECHECK`].
+    /// [`GRANT_RECHECK`](super::GRANT_RECHECK).
     pub async fn revoke_grant(
         &self,
         connection: &str,

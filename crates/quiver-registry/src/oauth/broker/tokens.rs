@@ -122,7 +122,7 @@ impl OAuthBroker {
     /// use: a fleet-wide grant). With [`Renewal::Rejected`] (the
     /// fingerprint of a token the server refused) a token with that
     /// fingerprint is not handed out again: it is refreshed, once across all
-    /// replicas. [`Renewal::StepUp`]: see [`OAuthBroker::step_up`].
+    /// replicas. [`Renewal::StepUp`]: see `OAuthBroker::step_up`.
     pub async fn access_token(
         &self,
         name: &str,
