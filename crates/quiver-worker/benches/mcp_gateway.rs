@@ -18,7 +18,7 @@
 //!   keeps one); to the worker's `/mcp/<id>` with the caller's bearer token
 //!   in a session (2025-11-25) and in the `server/discover` lifecycle
 //!   (2026-07-28: no session, every request standing alone).
-//! - **raw clients** (`benches/support/raw_mcp.rs`: reqwest posting
+//! - **raw clients** (`benches/support/clients.rs`: reqwest posting
 //!   JSON-RPC itself): the same three routes, and the reference, the
 //!   worker's own JSON tool API (`POST /v1/mcp/tools/call`): the same
 //!   worker hop without MCP at the edge; and the floor, a raw session
