@@ -24,7 +24,8 @@
 //!   worker hop without MCP at the edge; and the floor, a raw session
 //!   through the bare hop (`benches/support/bare_proxy.rs`: one more HTTP
 //!   server and client passing bytes on, nothing else), the least any
-//!   route through a worker can cost on this machine.
+//!   route through a worker can cost on this machine. Every raw client's
+//!   request is bounded by the same wait, the tool API's included.
 //!
 //! Goals of issue #23: the p50 the gateway adds over direct ≤ 1.2× what the
 //! tool API adds (the cost of the extra hop itself), and throughput at

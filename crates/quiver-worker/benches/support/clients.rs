@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 
 use crate::stack::BenchResult;
 
-/// Bound on every request.
+/// Bound on every request of every client here, the tool API's included:
+/// a client's timer costs a little per request (reqwest's `timeout`), and a
+/// route's added time is taken over another client's call.
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The protocol era a client speaks.
@@ -166,6 +168,9 @@ pub async fn tool_api_call(
         .post(url)
         .bearer_auth(crate::stack::CALLER_TOKEN)
         .json(&json!({"name": name, "arguments": arguments}))
+        // Bounded as the MCP clients' requests are, so the tool API's
+        // added time is not taken net of a timer only the baseline's set.
+        .timeout(WAIT)
         .send()
         .await?
         .error_for_status()?
@@ -182,7 +187,7 @@ async fn read_answer(response: reqwest::Response, id: u64) -> BenchResult<Value>
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let body = response.bytes().await?;
-    let message: Value = if is_sse {
+    let mut message: Value = if is_sse {
         std::str::from_utf8(&body)?
             .lines()
             .filter_map(|line| line.strip_prefix("data:"))
@@ -192,8 +197,8 @@ async fn read_answer(response: reqwest::Response, id: u64) -> BenchResult<Value>
     } else {
         serde_json::from_slice(&body)?
     };
-    match message.get("result") {
-        Some(result) => Ok(result.clone()),
+    match message.get_mut("result").map(Value::take) {
+        Some(result) => Ok(result),
         None => Err(format!("not a result: {message}").into()),
     }
 }
