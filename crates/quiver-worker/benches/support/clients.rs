@@ -15,9 +15,10 @@ use serde_json::{Value, json};
 
 use crate::stack::BenchResult;
 
-/// Bound on every request of every client here, the tool API's included:
-/// a client's timer costs a little per request (reqwest's `timeout`), and a
-/// route's added time is taken over another client's call.
+/// Bound on each request of a raw client, the tool API's included, and on
+/// an rmcp client's handshake. A timer costs a little per request
+/// (reqwest's `timeout`) and a route's added time is taken over another
+/// client's call, so the clients compared with each other are bounded alike.
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The protocol era a client speaks.
