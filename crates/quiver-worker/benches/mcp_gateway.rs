@@ -11,7 +11,12 @@
 //!
 //! Each route is measured with two kinds of client, and what a route adds
 //! is always taken over the direct route of the *same* kind, so that a
-//! client's own cost never counts as the hop's:
+//! client's own cost never counts as the hop's. The one exception is a
+//! protocol's own: a 2026-07-28 client's baseline is its kind's session
+//! call, as the worker reaches the server in a session either way, so
+//! what its route adds includes writing `_meta` and three headers into
+//! every request (the raw client's, ~7k instructions a call more than
+//! the session's, counted with callgrind: BENCHMARKS.md, stop 44):
 //!
 //! - **rmcp clients** (`StreamableHttpClientTransport`, what agents built
 //!   on rmcp use): direct to the server's `/mcp` (a session, as the worker

@@ -6,11 +6,14 @@
 
 use std::time::Duration;
 
+use reqwest::header::{ACCEPT, HeaderName, HeaderValue};
 use rmcp::RoleClient;
 use rmcp::model::{JsonObject, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::stack::BenchResult;
@@ -20,6 +23,37 @@ use crate::stack::BenchResult;
 /// (reqwest's `timeout`) and a route's added time is taken over another
 /// client's call, so the clients compared with each other are bounded alike.
 const WAIT: Duration = Duration::from_secs(30);
+
+/// The transport's headers, by name: reqwest takes a name given as text
+/// apart on every request, and a client that sends the same headers on
+/// every call names them once.
+const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+const ACCEPTED: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
+const TOOLS_CALL: &str = "tools/call";
+
+/// A `tools/call` as every raw client sends it, serialised from its parts
+/// rather than built as a JSON tree first, so that no client pays for a
+/// tree the others do not build.
+#[derive(Serialize)]
+struct CallRequest<'a> {
+    jsonrpc: &'static str,
+    id: u64,
+    method: &'static str,
+    params: CallParams<'a>,
+}
+
+/// A call's parameters: a tool's, or (`name`, `arguments`) alone, the tool
+/// API's request.
+#[derive(Serialize)]
+struct CallParams<'a> {
+    name: &'a str,
+    arguments: &'a JsonObject,
+    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a RawValue>,
+}
 
 /// The protocol era a client speaks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +103,9 @@ pub struct RawMcp {
     bearer: Option<&'static str>,
     era: Era,
     session: Option<String>,
+    /// A 2026-07-28 request's `_meta`, the same on every call: serialised
+    /// once.
+    meta: Option<Box<RawValue>>,
     next_id: u64,
 }
 
@@ -82,11 +119,19 @@ impl RawMcp {
             bearer,
             era,
             session: None,
+            meta: match era {
+                Era::Session => None,
+                Era::Stateless => Some(serde_json::value::to_raw_value(&json!({
+                    "io.modelcontextprotocol/protocolVersion": era.version(),
+                    "io.modelcontextprotocol/clientInfo": {"name": "bench-raw", "version": "0"},
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                }))?),
+            },
             next_id: 0,
         };
         if era == Era::Session {
             let response = raw
-                .post(json!({
+                .post(&json!({
                     "jsonrpc": "2.0", "id": 0, "method": "initialize",
                     "params": {
                         "protocolVersion": era.version(),
@@ -106,7 +151,7 @@ impl RawMcp {
                     .to_owned(),
             );
             read_answer(response, 0).await?;
-            raw.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            raw.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
                 .send()
                 .await?
                 .error_for_status()?;
@@ -114,20 +159,20 @@ impl RawMcp {
         Ok(raw)
     }
 
-    fn post(&self, body: Value) -> reqwest::RequestBuilder {
+    fn post(&self, body: &impl Serialize) -> reqwest::RequestBuilder {
         let mut request = self
             .http
             .post(&self.url)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body)
+            .header(ACCEPT, ACCEPTED)
+            .json(body)
             .timeout(WAIT);
         if let Some(token) = self.bearer {
             request = request.bearer_auth(token);
         }
         if let Some(session) = &self.session {
             request = request
-                .header("mcp-session-id", session)
-                .header("mcp-protocol-version", self.era.version());
+                .header(MCP_SESSION_ID, session)
+                .header(MCP_PROTOCOL_VERSION, self.era.version());
         }
         request
     }
@@ -137,20 +182,23 @@ impl RawMcp {
     pub async fn call(&mut self, tool: &str, arguments: JsonObject) -> BenchResult<Value> {
         self.next_id += 1;
         let id = self.next_id;
-        let mut params = json!({"name": tool, "arguments": arguments});
-        let request = if self.era == Era::Stateless {
-            params["_meta"] = json!({
-                "io.modelcontextprotocol/protocolVersion": self.era.version(),
-                "io.modelcontextprotocol/clientInfo": {"name": "bench-raw", "version": "0"},
-                "io.modelcontextprotocol/clientCapabilities": {},
-            });
-            self.post(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
-                .header("mcp-protocol-version", self.era.version())
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", tool)
-        } else {
-            self.post(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+        let body = CallRequest {
+            jsonrpc: "2.0",
+            id,
+            method: TOOLS_CALL,
+            params: CallParams {
+                name: tool,
+                arguments: &arguments,
+                meta: self.meta.as_deref(),
+            },
         };
+        let mut request = self.post(&body);
+        if self.era == Era::Stateless {
+            request = request
+                .header(MCP_PROTOCOL_VERSION, self.era.version())
+                .header(MCP_METHOD, TOOLS_CALL)
+                .header(MCP_NAME, tool);
+        }
         let response = request.send().await?.error_for_status()?;
         read_answer(response, id).await
     }
@@ -168,7 +216,11 @@ pub async fn tool_api_call(
     Ok(http
         .post(url)
         .bearer_auth(crate::stack::CALLER_TOKEN)
-        .json(&json!({"name": name, "arguments": arguments}))
+        .json(&CallParams {
+            name,
+            arguments: &arguments,
+            meta: None,
+        })
         // Bounded as the MCP clients' requests are, so the tool API's
         // added time is not taken net of a timer only the baseline's set.
         .timeout(WAIT)

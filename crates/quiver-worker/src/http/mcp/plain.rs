@@ -27,8 +27,7 @@ use rmcp::model::{
     ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::transport::common::http_header::{
-    EVENT_STREAM_MIME_TYPE, HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PARAM_PREFIX,
-    HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID, JSON_MIME_TYPE,
+    EVENT_STREAM_MIME_TYPE, HEADER_MCP_PARAM_PREFIX, JSON_MIME_TYPE,
 };
 use serde::Deserialize;
 
@@ -48,6 +47,13 @@ pub struct PlainCall {
 
 /// The one method the lean edge answers.
 pub const METHOD: &str = "tools/call";
+
+/// The transport's headers the edge looks up, by name: rmcp spells them in
+/// mixed case, and a lookup by text lower-cases the name on every request.
+const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 /// A `tools/call` as the lean edge reads it: once, straight into its
 /// parameters, neither the edge's envelope (`crate::http::mcp`) nor rmcp's
@@ -69,11 +75,11 @@ struct PlainRequest<'a> {
 /// The `tools/call` in `body` if the request is plain (see the module
 /// docs); `None` sends it the general way.
 pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
-    if headers.contains_key(HEADER_SESSION_ID)
+    if headers.contains_key(SESSION_ID)
         || !accepts_json_and_sse(headers)
         || !is_json(headers)
-        || only(headers, HEADER_MCP_PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
-        || only(headers, HEADER_MCP_METHOD)? != METHOD
+        || only(headers, &PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
+        || only(headers, &MCP_METHOD)? != METHOD
         || headers.keys().any(is_param_header)
     {
         return None;
@@ -84,7 +90,7 @@ pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
         mut params,
         ..
     } = serde_json::from_slice(body).ok()?;
-    if method != METHOD || only(headers, HEADER_MCP_NAME)? != params.name {
+    if method != METHOD || only(headers, &MCP_NAME)? != params.name {
         return None;
     }
     // Kept beside the parameters, as rmcp hands a request's `_meta` over.
@@ -201,7 +207,7 @@ fn error_status(code: RpcCode) -> StatusCode {
 }
 
 /// The one value of header `name`, if it is sent exactly once as text.
-fn only<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+fn only<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
     let mut values = headers.get_all(name).iter();
     let value = values.next()?;
     values.next().is_none().then(|| value.to_str().ok())?
@@ -229,7 +235,7 @@ fn accepts_json_and_sse(headers: &HeaderMap) -> bool {
 
 /// `Content-Type` is JSON.
 fn is_json(headers: &HeaderMap) -> bool {
-    only(headers, header::CONTENT_TYPE.as_str()).is_some_and(|value| {
+    only(headers, &header::CONTENT_TYPE).is_some_and(|value| {
         let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
         essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
     })
@@ -264,6 +270,21 @@ mod tests {
 
     fn judged(headers: &HeaderMap, body: &str) -> Option<PlainCall> {
         plain_call(headers, body.as_bytes())
+    }
+
+    #[test]
+    fn the_headers_are_the_ones_rmcp_names() {
+        use rmcp::transport::common::http_header::{
+            HEADER_MCP_METHOD, HEADER_MCP_NAME, HEADER_MCP_PROTOCOL_VERSION, HEADER_SESSION_ID,
+        };
+        for (ours, rmcp) in [
+            (SESSION_ID, HEADER_SESSION_ID),
+            (PROTOCOL_VERSION, HEADER_MCP_PROTOCOL_VERSION),
+            (MCP_METHOD, HEADER_MCP_METHOD),
+            (MCP_NAME, HEADER_MCP_NAME),
+        ] {
+            assert!(ours.as_str().eq_ignore_ascii_case(rmcp), "{ours} is {rmcp}");
+        }
     }
 
     #[test]
