@@ -145,7 +145,7 @@ impl RawMcp {
             raw.session = Some(
                 response
                     .headers()
-                    .get("mcp-session-id")
+                    .get(MCP_SESSION_ID)
                     .ok_or("no mcp-session-id in the initialize answer")?
                     .to_str()?
                     .to_owned(),

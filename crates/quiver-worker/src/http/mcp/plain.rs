@@ -50,7 +50,7 @@ pub const METHOD: &str = "tools/call";
 
 /// The transport's headers the edge looks up, by name: rmcp spells them in
 /// mixed case, and a lookup by text lower-cases the name on every request.
-const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+const SESSION_ID: HeaderName = HeaderName::from_static(crate::gateway::SESSION_HEADER);
 const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
