@@ -32,6 +32,6 @@ mod tools;
 pub use error::{AuthorizationRequired, McpError};
 pub use pool::{
     CallOptions, CallOutcome, ForwardError, HealthState, McpPool, PoolOptions, ServerHealth,
-    UpstreamInput, forwarded_meta,
+    UpstreamInput, forwarded_meta, is_forwarded_meta_key,
 };
 pub use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents, Tool};

@@ -23,10 +23,11 @@ use quiver_worker::audit::AuditOptions;
 use quiver_worker::auth::{CallerId, Task};
 use quiver_worker::call::{Call, CallContext, Lookup, ToolRunner};
 use quiver_worker::gateway::peer::relay_channel;
+use quiver_worker::gateway::request_meta::RequestMeta;
 use quiver_worker::gateway::request_state::RequestStates;
 use quiver_worker::gateway::scope::Scope;
 use quiver_worker::gateway::server::{GatewayRequest, GatewayServer, Invocation, Shared};
-use rmcp::model::{CallToolRequestParams, ErrorCode, RequestId, RequestMetaObject};
+use rmcp::model::{CallToolRequestParams, ErrorCode, RequestId};
 use rmcp::service::{
     ClientInitializeError, RoleServer, RunningService, RxJsonRpcMessage, TxJsonRpcMessage,
 };
@@ -365,8 +366,7 @@ async fn a_gateway_call_s_future_holds_the_runner_s_call_once() {
         session: None,
     };
     let (relay, _relayed) = relay_channel();
-    let meta = RequestMetaObject::default();
-    let invocation = Invocation::plain(RequestId::Number(1), &meta, &relay);
+    let invocation = Invocation::plain(RequestId::Number(1), RequestMeta::default(), &relay);
     let server = GatewayServer::new(gateway.shared.clone());
     let snapshot = gateway.shared.snapshot.current();
     let context = CallContext::new("size".into(), request.caller.clone(), &task, None);

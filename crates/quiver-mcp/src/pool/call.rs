@@ -90,10 +90,16 @@ pub fn forwarded_meta(meta: &RequestMetaObject) -> Option<RequestMetaObject> {
         .0
         .0
         .iter()
-        .filter(|(key, _)| *key != "progressToken" && !key.starts_with("io.modelcontextprotocol/"))
+        .filter(|(key, _)| is_forwarded_meta_key(key))
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect();
     (!kept.is_empty()).then_some(RequestMetaObject(rmcp::model::MetaObject(kept)))
+}
+
+/// Whether a caller's `_meta` key is passed on upstream (see
+/// [`forwarded_meta`]).
+pub fn is_forwarded_meta_key(key: &str) -> bool {
+    key != "progressToken" && !key.starts_with("io.modelcontextprotocol/")
 }
 
 impl McpPool {

@@ -36,7 +36,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Semaphore, broadcast};
 use tokio_util::sync::CancellationToken;
 
-pub use call::{CallOptions, CallOutcome, ForwardError, UpstreamInput, forwarded_meta};
+pub use call::{
+    CallOptions, CallOutcome, ForwardError, UpstreamInput, forwarded_meta, is_forwarded_meta_key,
+};
 pub use health::{HealthState, ServerHealth};
 pub use inner::McpPool;
 pub use options::PoolOptions;

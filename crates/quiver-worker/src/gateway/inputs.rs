@@ -25,6 +25,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -35,7 +36,6 @@ use rmcp::model::{
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 /// The `_meta` key a server may name its request's input with (a Quiver
 /// convention; without it the key is derived from the request).
@@ -61,8 +61,12 @@ pub struct Inputs {
     capabilities: ClientCapabilities,
     round: Mutex<Round>,
     asked: Notify,
-    /// Cancelled when the round ends: requests left waiting are refused.
-    ended: CancellationToken,
+    /// Set when the round ended: requests left waiting are refused.
+    over: AtomicBool,
+    /// Wakes the requests left waiting when the round ends. (A flag and a
+    /// `Notify` are all a round needs of a cancellation token, which is
+    /// allocated, and locked again when dropped, on every request.)
+    closed: Notify,
 }
 
 #[derive(Default)]
@@ -144,7 +148,8 @@ impl Inputs {
             capabilities,
             round: Mutex::default(),
             asked: Notify::new(),
-            ended: CancellationToken::new(),
+            over: AtomicBool::new(false),
+            closed: Notify::new(),
         }
     }
 
@@ -242,7 +247,7 @@ impl Inputs {
         })?;
         self.round().pending.insert(key, request);
         self.asked.notify_one();
-        self.ended.cancelled().await;
+        self.round_over().await;
         Err(ErrorData::internal_error(
             "the client is asked for this input; the request is sent again with its answer",
             None,
@@ -267,7 +272,7 @@ impl Inputs {
             asked.await;
         }
         tokio::time::sleep(GATHER_WINDOW).await;
-        self.ended.cancel();
+        self.end_round();
         let mut round = self.round();
         if let Some(invalid) = round.invalid.take() {
             return RoundEnd::Invalid(invalid);
@@ -276,6 +281,24 @@ impl Inputs {
             requests: std::mem::take(&mut round.pending),
             used: std::mem::take(&mut round.used),
         }
+    }
+
+    /// Resolves once the round ended.
+    async fn round_over(&self) {
+        loop {
+            // Made before the flag is read: `notify_waiters` wakes it even
+            // if the round ends between the two.
+            let closed = self.closed.notified();
+            if self.over.load(Ordering::Acquire) {
+                return;
+            }
+            closed.await;
+        }
+    }
+
+    fn end_round(&self) {
+        self.over.store(true, Ordering::Release);
+        self.closed.notify_waiters();
     }
 
     /// The error a request that failed gets when its server asked for what
@@ -291,12 +314,6 @@ impl Inputs {
     /// nothing goes on: kept for a request that ends for approval).
     pub fn used(&self) -> BTreeMap<String, serde_json::Value> {
         self.round().used.clone()
-    }
-}
-
-impl Drop for Inputs {
-    fn drop(&mut self) {
-        self.ended.cancel();
     }
 }
 

@@ -17,6 +17,7 @@ pub mod inputs;
 pub mod peer;
 pub mod rebinding;
 pub mod relayed;
+pub mod request_meta;
 pub mod request_state;
 pub mod revoked;
 pub mod round;
@@ -34,8 +35,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode};
 use quiver_model::ErrorCode;
 use rmcp::model::{
-    CallToolRequestParams, ErrorCode as RpcCode, RequestId, RequestMetaObject,
-    ServerJsonRpcMessage, ServerResult,
+    CallToolRequestParams, ErrorCode as RpcCode, RequestId, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use crate::call::ToolRunner;
 use crate::error::ErrorObject;
 use crate::gateway::peer::RelaySender;
+use crate::gateway::request_meta::RequestMeta;
 use crate::gateway::request_state::RequestStates;
 use crate::gateway::revoked::Revoked;
 use crate::gateway::server::{GatewayRequest, GatewayServer, Invocation, Shared};
@@ -356,13 +357,13 @@ impl Gateway {
         &self,
         request: GatewayRequest,
         id: RequestId,
-        meta: RequestMetaObject,
+        meta: RequestMeta,
         params: CallToolRequestParams,
         relay: RelaySender,
     ) -> impl Future<Output = ServerJsonRpcMessage> + Send + 'static {
         let server = GatewayServer::new(self.inner.shared.clone());
         async move {
-            let invocation = Invocation::plain(id.clone(), &meta, &relay);
+            let invocation = Invocation::plain(id.clone(), meta, &relay);
             match server.call(&request, params, &invocation).await {
                 Ok(response) => {
                     let mut result = ServerResult::from(response);

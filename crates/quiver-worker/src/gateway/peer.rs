@@ -48,9 +48,19 @@ pub enum ClientStream {
     Relay(RelaySender),
 }
 
-/// Where the lean edge's request sends what is relayed about it.
+/// Where the lean edge's request sends what is relayed about it; nowhere
+/// for a request that opted in to nothing relayed ([`RelaySender::none`]).
 #[derive(Clone)]
-pub struct RelaySender(mpsc::UnboundedSender<Relayed>);
+pub struct RelaySender(Option<mpsc::UnboundedSender<Relayed>>);
+
+impl RelaySender {
+    /// The stream of a request that opted in to neither progress (no
+    /// progress token) nor log messages (no log level): nothing can be
+    /// relayed about it, so no channel is made for it.
+    pub fn none() -> Self {
+        RelaySender(None)
+    }
+}
 
 /// What the lean edge reads of a request's relayed notifications, in the
 /// order the server sent them.
@@ -59,7 +69,7 @@ pub struct RelayReceiver(mpsc::UnboundedReceiver<Relayed>);
 /// A stream for one request the lean edge answers.
 pub fn relay_channel() -> (RelaySender, RelayReceiver) {
     let (sender, receiver) = mpsc::unbounded_channel();
-    (RelaySender(sender), RelayReceiver(receiver))
+    (RelaySender(Some(sender)), RelayReceiver(receiver))
 }
 
 impl Relayed {
@@ -172,8 +182,8 @@ pub struct DownstreamPeer {
     /// The client's request the relayed traffic belongs to.
     request_id: RequestId,
     /// To the task that sends the notifications to rmcp's stream, or the
-    /// lean edge's stream itself.
-    queue: mpsc::UnboundedSender<Relayed>,
+    /// lean edge's stream itself (none: see [`RelaySender::none`]).
+    queue: Option<mpsc::UnboundedSender<Relayed>>,
     /// Whether a notification was queued (a flush waits for nothing
     /// otherwise).
     queued: AtomicBool,
@@ -191,7 +201,7 @@ impl DownstreamPeer {
     /// sends its notifications (it ends when the peer is dropped).
     pub fn new(downstream: Downstream, request_id: RequestId) -> Self {
         let queue = match &downstream.stream {
-            ClientStream::Peer(peer) => Self::sender(peer.clone()),
+            ClientStream::Peer(peer) => Some(Self::sender(peer.clone())),
             ClientStream::Relay(relay) => relay.0.clone(),
         };
         DownstreamPeer {
@@ -234,8 +244,11 @@ impl DownstreamPeer {
         {
             return;
         }
+        let Some(queue) = &self.queue else {
+            return;
+        };
         let (done, flushed) = oneshot::channel();
-        if self.queue.send(Relayed::Flushed(done)).is_ok() {
+        if queue.send(Relayed::Flushed(done)).is_ok() {
             let _ = tokio::time::timeout(FLUSH_WAIT, flushed).await;
         }
     }
@@ -262,12 +275,15 @@ impl DownstreamPeer {
     /// Queues a notification for the client if the session has a relay
     /// slot free; otherwise drops it (counted).
     fn notify(&self, relayed: impl FnOnce(OwnedSemaphorePermit) -> Relayed) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
         let Ok(slot) = self.downstream.relay_slots.clone().try_acquire_owned() else {
             metrics::counter!("mcp_gateway_relay_dropped_total").increment(1);
             return;
         };
         self.queued.store(true, Ordering::Release);
-        let _ = self.queue.send(relayed(slot));
+        let _ = queue.send(relayed(slot));
     }
 }
 

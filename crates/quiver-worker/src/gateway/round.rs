@@ -24,19 +24,21 @@ use rmcp::model::{
 
 use quiver_mcp::UpstreamInput;
 
+use crate::auth::CallerId;
 use crate::gateway::consent::CONSENT_INPUT;
 use crate::gateway::inputs::{Inputs, RoundEnd};
 use crate::gateway::request_state::{RequestBinding, RequestStates, RoundState};
+use crate::gateway::scope::Scope;
 
 /// The input key of an approval's question.
 pub const APPROVAL_INPUT: &str = "quiver-approval";
 
 /// What a round's state is bound to (see [`RequestBinding`]).
 pub struct RoundKey {
-    /// The caller's principal.
-    pub caller: String,
+    /// The caller.
+    pub caller: CallerId,
     /// The endpoint.
-    pub endpoint: String,
+    pub scope: Scope,
     /// The JSON-RPC method.
     pub method: &'static str,
     /// The tool or prompt name, or the resource URI.
@@ -46,14 +48,18 @@ pub struct RoundKey {
 }
 
 impl RoundKey {
-    fn binding(&self) -> RequestBinding<'_> {
-        RequestBinding {
-            caller: &self.caller,
-            endpoint: &self.endpoint,
+    /// Uses the key's binding. The caller's principal and the endpoint are
+    /// spelled out only here: most rounds neither open a state nor seal one.
+    fn bound<R>(&self, use_binding: impl FnOnce(&RequestBinding<'_>) -> R) -> R {
+        let caller = self.caller.principal();
+        let endpoint = self.scope.endpoint();
+        use_binding(&RequestBinding {
+            caller: &caller,
+            endpoint: &endpoint,
             method: self.method,
             target: &self.target,
             arguments: &self.arguments,
-        }
+        })
     }
 }
 
@@ -109,8 +115,8 @@ impl Round {
         capabilities: ClientCapabilities,
     ) -> Result<Round, ErrorData> {
         let prior = match carried.state.as_deref() {
-            Some(state) => states
-                .open(state, &key.binding())
+            Some(state) => key
+                .bound(|binding| states.open(state, binding))
                 .map_err(|refused| ErrorData::invalid_params(refused.to_string(), None))?,
             None => RoundState::default(),
         };
@@ -202,16 +208,14 @@ impl Round {
             ApprovalStep::Waiting(id) => (Some(id), false),
             ApprovalStep::Used(id) => (Some(id), true),
         };
-        self.states.seal(
-            &self.key.binding(),
-            RoundState {
-                answers,
-                approval_id,
-                approval_used,
-                upstream_asked: upstream.is_some(),
-                upstream_state: upstream.flatten(),
-            },
-        )
+        let state = RoundState {
+            answers,
+            approval_id,
+            approval_used,
+            upstream_asked: upstream.is_some(),
+            upstream_state: upstream.flatten(),
+        };
+        self.key.bound(|binding| self.states.seal(binding, state))
     }
 
     /// The round's end when the server asked what the client must answer

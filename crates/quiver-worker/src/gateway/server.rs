@@ -33,9 +33,9 @@ use rmcp::model::{
     GetPromptResult, Implementation, InitializeRequestParams, InitializeResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     PromptsCapability, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Reference, RequestId, RequestMetaObject, ResourcesCapability, ResultType,
-    ServerCapabilities, ServerConfig, ServerResult, SetLevelRequestParams, SubscribeRequestParams,
-    SubscriptionFilter, ToolsCapability, UnsubscribeRequestParams,
+    ReadResourceResult, Reference, RequestId, ResourcesCapability, ResultType, ServerCapabilities,
+    ServerConfig, ServerResult, SetLevelRequestParams, SubscribeRequestParams, SubscriptionFilter,
+    ToolsCapability, UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -47,6 +47,7 @@ use crate::gateway::peer::{ClientStream, Downstream, DownstreamPeer, RelaySender
 use crate::gateway::relayed::{
     forward_error, not_found, passed_on, resource_allowed, upstream_params, uri_refused,
 };
+use crate::gateway::request_meta::RequestMeta;
 use crate::gateway::request_state::RequestStates;
 use crate::gateway::round::{Carried, Round, RoundKey, Settled, in_round};
 use crate::gateway::scope::Scope;
@@ -157,7 +158,7 @@ completed!(
 /// the edge's stream ([`Invocation::plain`]).
 pub struct Invocation<'a> {
     id: RequestId,
-    meta: &'a RequestMetaObject,
+    meta: RequestMeta,
     stream: InvocationStream<'a>,
 }
 
@@ -174,11 +175,12 @@ enum InvocationStream<'a> {
 }
 
 impl<'a> Invocation<'a> {
-    /// A request rmcp serves (a session's, or one on its own stream).
+    /// A request rmcp serves (a session's, or one on its own stream):
+    /// rmcp moved the request's `_meta` into its context.
     pub fn of(context: &'a RequestContext<RoleServer>) -> Self {
         Invocation {
             id: context.id.clone(),
-            meta: &context.meta,
+            meta: RequestMeta::of(&context.meta),
             stream: InvocationStream::Rmcp {
                 peer: &context.peer,
                 cancelled: &context.ct,
@@ -187,7 +189,7 @@ impl<'a> Invocation<'a> {
     }
 
     /// A request the lean edge serves on `relay`.
-    pub fn plain(id: RequestId, meta: &'a RequestMetaObject, relay: &'a RelaySender) -> Self {
+    pub fn plain(id: RequestId, meta: RequestMeta, relay: &'a RelaySender) -> Self {
         Invocation {
             id,
             meta,
@@ -334,8 +336,8 @@ impl GatewayServer {
         arguments: serde_json::Value,
     ) -> RoundKey {
         RoundKey {
-            caller: request.caller.principal(),
-            endpoint: request.scope.endpoint(),
+            caller: request.caller.clone(),
+            scope: request.scope.clone(),
             method,
             target: target.to_owned(),
             arguments,
@@ -353,7 +355,11 @@ impl GatewayServer {
         if self.registered.get().is_some() {
             return Ok(None);
         }
-        let capabilities = invocation.meta.client_capabilities().unwrap_or_default();
+        let capabilities = invocation
+            .meta
+            .client_capabilities
+            .clone()
+            .unwrap_or_default();
         Round::open(&self.shared.states, key, carried, capabilities).map(Some)
     }
 
@@ -369,14 +375,14 @@ impl GatewayServer {
             (None, Some(round)) => Downstream::of_request(
                 invocation.client_stream(),
                 round.inputs.clone(),
-                invocation.meta.log_level(),
+                invocation.meta.log_level,
             ),
             (None, None) => return None,
         };
         let peer = Arc::new(DownstreamPeer::new(downstream, invocation.id.clone()));
         let attachment = CallAttachment {
             peer: peer.clone(),
-            progress_token: invocation.meta.get_progress_token(),
+            progress_token: invocation.meta.progress_token.clone(),
         };
         Some((peer, attachment))
     }

@@ -154,14 +154,12 @@ impl GatewayServer {
                 }
             }
         };
-        // rmcp hands a request's `_meta` to the handler in the context; what
-        // of it is passed on upstream (not the worker's own key) is copied.
-        let mut meta = quiver_mcp::forwarded_meta(params.meta.as_ref().unwrap_or(invocation.meta))
-            .unwrap_or_default();
+        // What of the request's `_meta` is passed on upstream: not the
+        // worker's own key.
+        let mut meta = invocation.meta.forwarded();
         let named_approval = meta
-            .0
-            .0
-            .remove(APPROVAL_META)
+            .as_mut()
+            .and_then(|meta| meta.0.0.remove(APPROVAL_META))
             .and_then(|id| id.as_str().map(str::to_owned));
         let arguments = params.arguments.map(serde_json::Value::Object);
         let carried = Carried {
@@ -191,7 +189,7 @@ impl GatewayServer {
         let call = CallContext {
             request_id: request.request_id.clone(),
             relay: CallOptions {
-                meta: Some(meta),
+                meta,
                 attachment,
                 session: request.session.clone(),
                 principal: request.caller.grant_principal(),

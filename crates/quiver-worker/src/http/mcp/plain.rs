@@ -23,8 +23,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, ErrorCode as RpcCode, JsonRpcMessage, JsonRpcVersion2_0,
-    ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
+    CallToolRequestParams, ErrorCode as RpcCode, InputResponses, JsonObject, JsonRpcMessage,
+    JsonRpcVersion2_0, ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_MCP_PARAM_PREFIX, JSON_MIME_TYPE,
@@ -32,7 +32,8 @@ use rmcp::transport::common::http_header::{
 use serde::Deserialize;
 
 use crate::gateway::Gateway;
-use crate::gateway::peer::{RelayReceiver, relay_channel};
+use crate::gateway::peer::{RelayReceiver, RelaySender, relay_channel};
+use crate::gateway::request_meta::{CurrentMeta, RequestMeta};
 use crate::gateway::server::GatewayRequest;
 
 /// A plain stateless `tools/call`, taken apart.
@@ -40,7 +41,7 @@ pub struct PlainCall {
     /// The JSON-RPC id.
     pub id: RequestId,
     /// The request's `_meta`.
-    pub meta: RequestMetaObject,
+    pub meta: RequestMeta,
     /// The call.
     pub params: CallToolRequestParams,
 }
@@ -69,42 +70,64 @@ struct PlainRequest<'a> {
     #[serde(borrow)]
     method: std::borrow::Cow<'a, str>,
     id: RequestId,
-    params: CallToolRequestParams,
+    params: PlainParams,
+}
+
+/// A plain call's parameters: rmcp's `CallToolRequestParams`, with its
+/// `_meta` read as the gateway uses it ([`CurrentMeta`]: only a complete
+/// one of 2026-07-28 makes the call plain).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PlainParams {
+    #[serde(rename = "_meta")]
+    meta: CurrentMeta,
+    name: String,
+    arguments: Option<JsonObject>,
+    input_responses: Option<InputResponses>,
+    request_state: Option<String>,
 }
 
 /// The `tools/call` in `body` if the request is plain (see the module
 /// docs); `None` sends it the general way.
 pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
-    if headers.contains_key(SESSION_ID)
-        || !accepts_json_and_sse(headers)
-        || !is_json(headers)
-        || only(headers, &PROTOCOL_VERSION)? != ProtocolVersion::V_2026_07_28.as_str()
-        || only(headers, &MCP_METHOD)? != METHOD
-        || headers.keys().any(is_param_header)
-    {
-        return None;
-    }
+    let transport = Transport::read(headers)?;
+    let plain = transport.accepts_json
+        && transport.accepts_sse
+        && transport.content_type.is_some_and(is_json)
+        && transport.protocol_version == Some(ProtocolVersion::V_2026_07_28.as_str())
+        && transport.method == Some(METHOD);
+    let tool = transport.name.filter(|_| plain)?;
     let PlainRequest {
-        method,
-        id,
-        mut params,
-        ..
+        method, id, params, ..
     } = serde_json::from_slice(body).ok()?;
-    if method != METHOD || only(headers, &MCP_NAME)? != params.name {
+    if method != METHOD || tool != params.name {
         return None;
     }
-    // Kept beside the parameters, as rmcp hands a request's `_meta` over.
-    let meta = params.meta.take().unwrap_or_default();
-    let plain = meta.protocol_version() == Some(ProtocolVersion::V_2026_07_28)
-        && meta
-            .missing_required_keys(&ProtocolVersion::V_2026_07_28)
-            .is_empty();
-    plain.then_some(PlainCall { id, meta, params })
+    let mut call = CallToolRequestParams::new(params.name);
+    call.arguments = params.arguments;
+    call.input_responses = params.input_responses;
+    call.request_state = params.request_state;
+    Some(PlainCall {
+        id,
+        meta: params.meta.0,
+        params: call,
+    })
 }
 
 /// Runs `call` and answers it: as JSON when its result is all there is to
 /// say, as an SSE stream when the server relayed something first.
 pub async fn answer(gateway: &Gateway, request: GatewayRequest, call: PlainCall) -> Response {
+    if call.meta.progress_token.is_none() && call.meta.log_level.is_none() {
+        // Nothing is relayed about such a call: its result is its answer.
+        let result: Answer = Box::pin(gateway.call_plain(
+            request,
+            call.id,
+            call.meta,
+            call.params,
+            RelaySender::none(),
+        ));
+        return json(result.await);
+    }
     let (relay, mut relayed) = relay_channel();
     let mut result: Answer =
         Box::pin(gateway.call_plain(request, call.id, call.meta, call.params, relay));
@@ -206,39 +229,69 @@ fn error_status(code: RpcCode) -> StatusCode {
     }
 }
 
-/// The one value of header `name`, if it is sent exactly once as text.
-fn only<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    values.next().is_none().then(|| value.to_str().ok())?
+/// The transport's headers of a request, read in one pass: those that
+/// must be sent once as text are `None` when absent.
+#[derive(Default)]
+struct Transport<'h> {
+    /// `Accept` names JSON, without parameters.
+    accepts_json: bool,
+    /// `Accept` names SSE, without parameters.
+    accepts_sse: bool,
+    content_type: Option<&'h str>,
+    protocol_version: Option<&'h str>,
+    method: Option<&'h str>,
+    name: Option<&'h str>,
 }
 
-/// `Accept` names both media types the transport requires, without
-/// parameters (a weight could exclude one: rmcp judges those).
-fn accepts_json_and_sse(headers: &HeaderMap) -> bool {
-    let mut json = false;
-    let mut sse = false;
-    for value in headers.get_all(header::ACCEPT) {
-        let Ok(value) = value.to_str() else {
-            return false;
-        };
+impl<'h> Transport<'h> {
+    /// `None` when the request is not plain by its headers alone: it has a
+    /// session or a parameter header, one of the headers above is sent
+    /// twice or not as text, or `Accept` weighs a media type (a weight
+    /// could exclude one: rmcp judges those).
+    fn read(headers: &'h HeaderMap) -> Option<Self> {
+        let mut transport = Transport::default();
+        for (name, value) in headers {
+            let slot = if name == header::ACCEPT {
+                transport.accept(value.to_str().ok()?)?;
+                continue;
+            } else if name == header::CONTENT_TYPE {
+                &mut transport.content_type
+            } else if name == PROTOCOL_VERSION {
+                &mut transport.protocol_version
+            } else if name == MCP_METHOD {
+                &mut transport.method
+            } else if name == MCP_NAME {
+                &mut transport.name
+            } else if name == SESSION_ID || is_param_header(name) {
+                return None;
+            } else {
+                continue;
+            };
+            if slot.is_some() {
+                return None;
+            }
+            *slot = Some(value.to_str().ok()?);
+        }
+        Some(transport)
+    }
+
+    /// Notes the media types one `Accept` value names.
+    fn accept(&mut self, value: &str) -> Option<()> {
         for media in value.split(',').map(str::trim) {
             if media.contains(';') {
-                return false;
+                return None;
             }
-            json |= media.eq_ignore_ascii_case(JSON_MIME_TYPE);
-            sse |= media.eq_ignore_ascii_case(EVENT_STREAM_MIME_TYPE);
+            self.accepts_json |= media.eq_ignore_ascii_case(JSON_MIME_TYPE);
+            self.accepts_sse |= media.eq_ignore_ascii_case(EVENT_STREAM_MIME_TYPE);
         }
+        Some(())
     }
-    json && sse
 }
 
-/// `Content-Type` is JSON.
-fn is_json(headers: &HeaderMap) -> bool {
-    only(headers, &header::CONTENT_TYPE).is_some_and(|value| {
-        let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
-        essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
-    })
+/// A `Content-Type` of JSON.
+fn is_json(value: &str) -> bool {
+    let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
+    essence.trim().eq_ignore_ascii_case(JSON_MIME_TYPE)
 }
 
 fn is_param_header(name: &HeaderName) -> bool {
@@ -292,10 +345,7 @@ mod tests {
         let plain = judged(&headers(), BODY).expect("plain");
         assert_eq!(plain.id, RequestId::Number(7));
         assert_eq!(plain.params.name, "echo");
-        assert_eq!(
-            plain.meta.protocol_version(),
-            Some(ProtocolVersion::V_2026_07_28)
-        );
+        assert!(plain.meta.client_capabilities.is_some());
         assert!(plain.params.arguments.is_some());
         // Progress and log messages are relayed on an SSE answer.
         for opted_in in [
@@ -330,6 +380,12 @@ mod tests {
             }),
             ("a second Mcp-Method", |h| {
                 h.append("mcp-method", HeaderValue::from_static("tools/call"));
+            }),
+            ("a second Mcp-Name", |h| {
+                h.append("mcp-name", HeaderValue::from_static("echo"));
+            }),
+            ("no Mcp-Name", |h| {
+                h.remove("mcp-name");
             }),
             ("another Mcp-Name", |h| {
                 h.insert("mcp-name", HeaderValue::from_static("add"));
