@@ -38,8 +38,8 @@ pub struct RequestMeta {
     /// The token the client's progress notifications carry.
     pub progress_token: Option<ProgressToken>,
     /// The keys passed on to the server
-    /// ([`quiver_mcp::is_forwarded_meta_key`]); empty when none.
-    pub forwarded: JsonObject,
+    /// ([`quiver_mcp::is_forwarded_meta_key`]); `None` when none.
+    pub forwarded: Option<RequestMetaObject>,
 }
 
 impl RequestMeta {
@@ -50,15 +50,8 @@ impl RequestMeta {
             client_capabilities: meta.client_capabilities(),
             log_level: meta.log_level(),
             progress_token: meta.get_progress_token(),
-            forwarded: quiver_mcp::forwarded_meta(meta)
-                .map(|kept| kept.0.0)
-                .unwrap_or_default(),
+            forwarded: quiver_mcp::forwarded_meta(meta),
         }
-    }
-
-    /// The keys passed on to the server, as a `_meta` (`None` when none).
-    pub fn forwarded(&self) -> Option<RequestMetaObject> {
-        (!self.forwarded.is_empty()).then(|| RequestMetaObject(MetaObject(self.forwarded.clone())))
     }
 }
 
@@ -91,6 +84,7 @@ impl<'de> Visitor<'de> for CurrentMetaVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<CurrentMeta, A::Error> {
         let mut current = false;
         let mut meta = RequestMeta::default();
+        let mut forwarded = JsonObject::new();
         // A key sent twice counts as its last value, as in rmcp's map.
         while let Some(Key(key)) = map.next_key()? {
             match key.as_ref() {
@@ -103,7 +97,7 @@ impl<'de> Visitor<'de> for CurrentMetaVisitor {
                 LOG_LEVEL => meta.log_level = decoded(map.next_value()?),
                 PROGRESS_TOKEN => meta.progress_token = decoded(map.next_value()?),
                 key if quiver_mcp::is_forwarded_meta_key(key) => {
-                    meta.forwarded.insert(key.to_owned(), map.next_value()?);
+                    forwarded.insert(key.to_owned(), map.next_value()?);
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -116,6 +110,8 @@ impl<'de> Visitor<'de> for CurrentMetaVisitor {
         if meta.client_capabilities.is_none() {
             return Err(de::Error::missing_field(CLIENT_CAPABILITIES));
         }
+        meta.forwarded =
+            (!forwarded.is_empty()).then_some(RequestMetaObject(MetaObject(forwarded)));
         Ok(CurrentMeta(meta))
     }
 }
@@ -153,7 +149,7 @@ mod tests {
             read.progress_token,
             Some(ProgressToken(NumberOrString::Number(3)))
         );
-        assert!(read.forwarded.is_empty());
+        assert!(read.forwarded.is_none());
     }
 
     #[test]
@@ -177,7 +173,12 @@ mod tests {
         assert_eq!(read.progress_token, of.progress_token);
         assert_eq!(read.forwarded, of.forwarded);
         assert_eq!(
-            read.forwarded.keys().collect::<Vec<_>>(),
+            read.forwarded
+                .expect("passed on")
+                .0
+                .0
+                .keys()
+                .collect::<Vec<_>>(),
             ["io.quiver/approval", "traceparent"]
         );
     }

@@ -156,7 +156,7 @@ impl GatewayServer {
         };
         // What of the request's `_meta` is passed on upstream: not the
         // worker's own key.
-        let mut meta = invocation.meta.forwarded();
+        let mut meta = invocation.meta.forwarded.clone();
         let named_approval = meta
             .as_mut()
             .and_then(|meta| meta.0.0.remove(APPROVAL_META))

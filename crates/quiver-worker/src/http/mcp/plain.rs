@@ -96,7 +96,10 @@ pub fn plain_call(headers: &HeaderMap, body: &[u8]) -> Option<PlainCall> {
         && transport.content_type.is_some_and(is_json)
         && transport.protocol_version == Some(ProtocolVersion::V_2026_07_28.as_str())
         && transport.method == Some(METHOD);
-    let tool = transport.name.filter(|_| plain)?;
+    if !plain {
+        return None;
+    }
+    let tool = transport.name?;
     let PlainRequest {
         method, id, params, ..
     } = serde_json::from_slice(body).ok()?;
